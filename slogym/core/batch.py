@@ -1,0 +1,103 @@
+"""What a scheduler returns (:class:`Batch`) and what a perf model sees of it (:class:`BatchFeatures`).
+
+A perf model never sees requests, only integer features of a batch. Features are exact integers so that the
+step-by-step path and the fast-forward path (which builds the features of many future decode iterations at
+once) feed bit-identical inputs to the same vectorized ``batch_time`` and get bit-identical times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
+
+import numpy as np
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+class BatchFeatures(NamedTuple):
+    """Integer features of ``m`` batches (each field an ``int64`` array of shape ``(m,)``).
+
+    prefill_tokens  new prompt tokens processed (sum of prefill chunk sizes, recompute included)
+    prefill_seqs    requests doing a prefill chunk
+    prefill_attn    attention work of the prefill chunks: sum of chunk * (past + chunk), in token pairs
+    prefill_sq      sum of chunk**2 (the quadratic prefill term of DistServe / HyperFlexis Eq. 1)
+    decode_seqs     requests doing a decode step
+    decode_tokens   tokens verified by decoding requests (= decode_seqs without speculation, 1 + sl each with)
+    decode_ctx      KV tokens read by the decoding requests (sum of their context lengths)
+    kv_tokens       KV tokens resident for all requests of the batch after the iteration
+    spec_steps      draft-model forward passes this iteration (largest speculation length, 0 if none)
+    """
+
+    prefill_tokens: np.ndarray
+    prefill_seqs: np.ndarray
+    prefill_attn: np.ndarray
+    prefill_sq: np.ndarray
+    decode_seqs: np.ndarray
+    decode_tokens: np.ndarray
+    decode_ctx: np.ndarray
+    kv_tokens: np.ndarray
+    spec_steps: np.ndarray
+
+    @property
+    def total_tokens(self) -> np.ndarray:
+        return self.prefill_tokens + self.decode_tokens
+
+    @property
+    def batch_size(self) -> np.ndarray:
+        return self.prefill_seqs + self.decode_seqs
+
+    def __len__(self) -> int:  # type: ignore[override]
+        return int(self.prefill_tokens.shape[0])
+
+    @classmethod
+    def build(cls, **fields: np.ndarray | int) -> "BatchFeatures":
+        """Features from keyword arrays/ints; missing fields are zero, scalars broadcast."""
+        arrays = {k: np.atleast_1d(np.asarray(v, dtype=np.int64)) for k, v in fields.items()}
+        unknown = set(arrays) - set(cls._fields)
+        if unknown:
+            raise TypeError(f"unknown BatchFeatures fields {sorted(unknown)}; known: {cls._fields}")
+        m = max((a.shape[0] for a in arrays.values()), default=1)
+        return cls(*(np.broadcast_to(arrays.get(f, np.zeros(1, np.int64)), (m,)).copy() for f in cls._fields))
+
+    @classmethod
+    def concat(cls, parts: list["BatchFeatures"]) -> "BatchFeatures":
+        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in cls._fields))
+
+
+class BatchTimeModel(Protocol):
+    """Anything that maps batch features to iteration times in seconds (vectorized over batches)."""
+
+    def batch_time(self, f: BatchFeatures) -> np.ndarray: ...
+
+
+@dataclass
+class Batch:
+    """One engine iteration chosen by a scheduler.
+
+    req       request indices that run this iteration (into the workload)
+    tokens    tokens scheduled per request: a prefill chunk size, or 1 for a decode step
+    spec      speculation length per request (decode only; 0 = no speculation). A decode with spec ``sl``
+              verifies ``1 + sl`` tokens and keeps the accepted prefix plus one (SLOs-Serve App. D).
+    preempt   running requests to preempt by recompute *before* the iteration (KV dropped, tokens kept)
+    drop      waiting/running requests to give up on (outcome ``dropped``), e.g. after a failed admission
+    demote    requests moved to the best-effort tier (they keep running when capacity allows)
+    steady    the scheduler promises to return this same all-decode batch at every iteration until the next
+              event the simulator can see (arrival, timer, stage change or finish, KV shortage); this lets the
+              simulator fast-forward. Only meaningful for all-decode batches with no other action.
+    """
+
+    req: np.ndarray = field(default_factory=lambda: _EMPTY)
+    tokens: np.ndarray = field(default_factory=lambda: _EMPTY)
+    spec: np.ndarray | None = None
+    preempt: tuple[int, ...] = ()
+    drop: tuple[int, ...] = ()
+    demote: tuple[int, ...] = ()
+    steady: bool = False
+
+    def __len__(self) -> int:
+        return int(self.req.shape[0])
+
+    @property
+    def empty(self) -> bool:
+        return self.req.shape[0] == 0
