@@ -6,8 +6,9 @@ A request is an arrival time plus a list of stages:
   following decode stage. ``ttft`` is the stage's time-to-first-token budget (seconds, from the moment the
   stage becomes ready: the arrival, or the return of the tool call before it).
 * ``decode(n, tpot)`` -- generate ``n`` tokens at ``tpot`` seconds per output token.
-* ``external(delay)`` -- a tool call: the request leaves the engine for ``delay`` seconds, then the next
-  prefill stage begins.
+* ``external(delay)`` -- a tool call: the request leaves the running set for ``delay`` seconds, then the next
+  prefill stage (the tool's response) begins. Its KV stays parked on its instance meanwhile (session affinity
+  with a prefix cache, as SLOs-Serve's fast tool loop assumes), so that prefill computes only the new tokens.
 
 SLOs are token-deadline lines (SLOs-Serve §3.1, PolyServe's deadline-based SLO): within a
 prefill+decode segment that becomes ready at ``t_ref`` the k-th output token (k = 0 is the one emitted by the

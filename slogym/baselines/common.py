@@ -1,0 +1,93 @@
+"""Building blocks shared by the iteration-level schedulers (one token-budget loop, one preemption rule)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from slogym.core.batch import Batch
+from slogym.core.instance import Instance
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def split_running(inst: Instance) -> tuple[np.ndarray, np.ndarray]:
+    """Running requests split into (decode-ready, still prefilling), each in running order."""
+    run = np.array(inst.running, dtype=np.int64)
+    if not run.size:
+        return _EMPTY, _EMPTY
+    rem = inst.remaining(run)
+    dec = rem == 1
+    return (run, _EMPTY) if dec.all() else (run[dec], run[~dec])
+
+
+def make_room_for_decodes(inst: Instance, dec: np.ndarray, victim_key: Callable[[int], float],
+                          ) -> tuple[np.ndarray, list[int]]:
+    """Preempt (recompute) running requests, largest ``victim_key`` first, until every remaining decode
+    in ``dec`` can grow by one token. Returns the surviving decodes and the victims (vLLM's rule)."""
+    need = inst.blocks_needed(dec, 1)
+    if int(need.sum()) <= inst.free_blocks:
+        return dec, []
+    rs = inst.sim.rs
+    free = inst.free_blocks
+    victims: list[int] = []
+    alive = {int(r): int(b) for r, b in zip(dec, need)}
+    prefilling = [r for r in inst.running if r not in alive]
+    # prefilling requests hold KV too; they are candidates as well
+    pool = sorted(list(alive) + prefilling, key=victim_key)
+    total = sum(alive.values())
+    while total > free and pool:
+        v = pool.pop()
+        victims.append(v)
+        free += int(rs.kv_blocks[v])
+        total -= alive.pop(v, 0)
+    keep = np.array([r for r in dec.tolist() if r in alive], dtype=np.int64)
+    return keep, victims
+
+
+def fill_prefill_chunks(inst: Instance, candidates: list[int], budget: int, free_blocks: int,
+                        max_seqs: int, chunked: bool = True) -> tuple[list[int], list[int], int]:
+    """Give prefill chunks to ``candidates`` in order within a token ``budget``, KV and sequence limits.
+
+    With ``chunked`` a request gets ``min(remaining, budget left, KV that fits)`` tokens (Sarathi-Serve);
+    without it, only whole prefills fit (vLLM's default), except that the first may exceed the budget
+    so that a prompt longer than the budget is not starved. Returns (requests, chunk sizes, blocks used).
+    """
+    rs = inst.sim.rs
+    bs = inst.block_size
+    reqs: list[int] = []
+    toks: list[int] = []
+    used = 0
+    for r in candidates:
+        if budget <= 0 or len(reqs) >= max_seqs:
+            break
+        nc = int(rs.num_computed[r])
+        rem = int(rs.num_tokens[r]) - nc
+        held = int(rs.kv_blocks[r])
+        fits = (free_blocks - used + held) * bs - nc
+        if chunked:
+            chunk = min(rem, budget, fits)
+        else:
+            chunk = rem if (rem <= budget or not reqs) and rem <= fits else 0
+        if chunk < 1:
+            break
+        reqs.append(r)
+        toks.append(chunk)
+        used += max(-(-(nc + chunk) // bs) - held, 0)
+        budget -= chunk
+    return reqs, toks, used
+
+
+def unstick(inst: Instance, victim_key: Callable[[int], float]) -> Batch | None:
+    """Nothing fits but requests hold KV: preempt the running request with the largest key so that the
+    rest can progress (vLLM preempts the lowest-priority running request when an allocation fails)."""
+    if not inst.running:
+        return None
+    return batch_of([], [], [max(inst.running, key=victim_key)])
+
+
+def batch_of(reqs: np.ndarray | list[int], tokens: np.ndarray | list[int], preempt: list[int] | tuple = (),
+             steady: bool = False) -> Batch:
+    return Batch(req=np.asarray(reqs, dtype=np.int64), tokens=np.asarray(tokens, dtype=np.int64),
+                 preempt=tuple(preempt), steady=steady)

@@ -1,0 +1,47 @@
+"""vLLM-style FCFS scheduling (Kwon et al., SOSP'23; the v0 default scheduler the reference papers compare to).
+
+Each iteration: if waiting requests can be admitted (first come, first served, within ``max_num_seqs``,
+``max_num_batched_tokens`` and KV memory above a ``watermark``), run a prefill-only batch of whole prompts;
+otherwise run one decode step of every running request, preempting by recompute the most recently arrived
+running requests when KV blocks run out. Prefill-first maximizes throughput and gives low TTFT at low load but
+stalls decodes (large TPOT gaps) when prompts keep arriving -- the behaviour Sarathi-Serve fixes.
+
+Deviations: a prompt longer than ``max_num_batched_tokens`` is admitted alone rather than rejected (vLLM
+requires the budget to exceed the model length); the best-effort flag is ignored (FCFS knows no tiers).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from slogym.baselines.common import (batch_of, fill_prefill_chunks, make_room_for_decodes, split_running,
+                                     unstick)
+from slogym.core.batch import Batch
+from slogym.core.instance import Instance
+from slogym.core.policy import Scheduler
+
+
+class VLLMScheduler(Scheduler):
+    def __init__(self, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
+                 watermark: float = 0.01) -> None:
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.watermark = watermark
+
+    def next_batch(self, inst: Instance, now: float) -> Batch | None:
+        dec, pre = split_running(inst)
+        arrival = inst.sim.w.arrival
+        if inst.waiting or pre.size:
+            reserve = int(self.watermark * inst.total_blocks)
+            cands = pre.tolist() + inst.waiting
+            slots = self.max_num_seqs - dec.size
+            reqs, toks, _ = fill_prefill_chunks(inst, cands, self.max_num_batched_tokens,
+                                                inst.free_blocks - reserve, slots, chunked=False)
+            if reqs:
+                return batch_of(reqs, toks)
+        if not dec.size:
+            return unstick(inst, lambda r: arrival[r])
+        keep, victims = make_room_for_decodes(inst, dec, lambda r: arrival[r])
+        return batch_of(keep, np.ones(keep.size, np.int64), victims, steady=not victims)

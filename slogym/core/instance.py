@@ -1,0 +1,78 @@
+"""One serving replica: paged KV memory, waiting and running sets, the iteration in flight, cost clock."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from slogym.core.simulator import Simulator
+
+
+class Role(IntEnum):
+    COLOCATED = 0
+    PREFILL = 1
+    DECODE = 2
+
+
+class InstanceState(IntEnum):
+    STARTING = 0
+    ACTIVE = 1
+    DRAINING = 2
+    STOPPED = 3
+
+
+class Instance:
+    """A replica. Schedulers read it; only the simulator mutates it.
+
+    ``waiting`` and ``running`` are request indices in queue order (a preempted request goes back to the
+    front of ``waiting``, as in vLLM). ``free_blocks`` counts free KV blocks of ``block_size`` tokens.
+    """
+
+    def __init__(self, idx: int, engine: Any, sim: "Simulator", role: Role = Role.COLOCATED) -> None:
+        self.id = idx
+        self.engine = engine
+        self.sim = sim
+        self.role = role
+        self.state = InstanceState.ACTIVE
+        self.block_size: int = int(engine.block_size)
+        self.total_blocks: int = int(engine.kv_blocks)
+        self.free_blocks: int = self.total_blocks
+        self.waiting: list[int] = []
+        self.running: list[int] = []
+        self.busy = False
+        self.inflight: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None = None
+        self.iterations = 0
+        self.busy_time = 0.0
+        self.tokens = 0
+        self.started_at = 0.0
+        self.stopped_at: float | None = None
+
+    # ---------------------------------------------------------------- read-only helpers for policies
+    @property
+    def n_resident(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    @property
+    def kv_utilization(self) -> float:
+        return 1.0 - self.free_blocks / self.total_blocks if self.total_blocks else 1.0
+
+    def remaining(self, idx: np.ndarray | list[int]) -> np.ndarray:
+        """Tokens each request still has to compute before its next sample (prefill chunk left, or 1)."""
+        rs = self.sim.rs
+        return rs.num_tokens[idx] - rs.num_computed[idx]
+
+    def blocks_needed(self, idx: np.ndarray | list[int], tokens: np.ndarray | int) -> np.ndarray:
+        """Extra KV blocks each request needs to compute ``tokens`` more tokens."""
+        rs = self.sim.rs
+        need = -(-(rs.num_computed[idx] + tokens) // self.block_size) - rs.kv_blocks[idx]
+        return np.maximum(need, 0)
+
+    def blocks_for_tokens(self, n_tokens: int) -> int:
+        return -(-int(n_tokens) // self.block_size)
+
+    def __repr__(self) -> str:
+        return (f"Instance({self.id}, {self.engine.name}, waiting={len(self.waiting)}, "
+                f"running={len(self.running)}, free_blocks={self.free_blocks}/{self.total_blocks})")

@@ -1,0 +1,182 @@
+"""Per-request records and run summaries.
+
+A request meets its SLO only if it was served (outcome ``finished`` or ``best_effort``) and, in the run's mode:
+
+* ``strict``     every prefill stage within its TTFT and every inter-token gap within its stage's TPOT
+* ``dslo``       every output token before its deadline line ``t_ref + ttft + k * tpot`` (PolyServe's DSLO,
+                 SLOs-Serve's lines); a prefill not followed by a decode is judged by its TTFT
+* ``mean_tpot``  every TTFT met and each decode stage's mean gap within its TPOT
+* ``ttlt``       finished before ``arrival + ttlt`` (or, without a TTLT, before its last token's deadline)
+
+and, in every mode, within its TTLT/end-to-end deadline when it has one. Comparisons allow 1 ns of float slack.
+Requests flagged ``best_effort`` in the workload have no SLO: they count as met when served and are left out of
+attainment. Tempo's service gain (Eq. 1-3): requests with a TTLT SLO get ``(w_i L_i + w_o L_o) f(SLO, TTLT)``;
+others ``w_i L_i f(SLO_TTFT, TTFT) + w_o sum_k f(SLO_TBT, TBT_k)``, with ``f = min{1, (SLO/metric)^alpha}``.
+The SA objective (SA paper Eq. 2) is attainment divided by the mean end-to-end latency of served requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from slogym.core.state import OUTCOME_NAMES, Outcome
+
+if TYPE_CHECKING:
+    from slogym.core.simulator import Simulator
+
+EPS = 1e-9
+PERCENTILES = (50, 90, 99)
+
+
+def slo_verdicts(sim: "Simulator") -> dict[str, np.ndarray]:
+    """Boolean SLO verdict per request in every attainment mode."""
+    rs, w = sim.rs, sim.w
+    served = (rs.outcome == Outcome.FINISHED) | (rs.outcome == Outcome.BEST_EFFORT)
+    e2e = rs.finish - w.arrival
+    ttlt_ok = e2e <= w.ttlt + EPS
+    ttft_ok = rs.ttft_slack >= -EPS
+    implied = np.where(np.isfinite(w.ttlt), w.arrival + w.ttlt, rs.final_deadline)
+    modes = {
+        "strict": ttft_ok & (rs.tpot_slack >= -EPS),
+        "dslo": ttft_ok & (rs.dslo_slack >= -EPS),
+        "mean_tpot": ttft_ok & (rs.mean_slack >= -EPS),
+        "ttlt": rs.finish <= implied + EPS,
+    }
+    return {m: served & (ok & ttlt_ok | w.best_effort) for m, ok in modes.items()}
+
+
+def service_gain(sim: "Simulator") -> np.ndarray:
+    """Tempo service gain per request (Eq. 1-3); 0 for requests not served."""
+    rs, w = sim.rs, sim.w
+    wi, wo = sim.sg_weights
+    served = (rs.outcome == Outcome.FINISHED) | (rs.outcome == Outcome.BEST_EFFORT)
+    has_ttlt = np.isfinite(w.ttlt)
+    e2e = rs.finish - w.arrival
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f_ttlt = sim._decay(np.where(has_ttlt, w.ttlt / e2e, np.inf))
+    full = (wi * w.input_tokens + wo * rs.generated) * f_ttlt
+    per_token = rs.sg_in + wo * rs.sg_out
+    return np.where(served, np.where(has_ttlt, full, per_token), 0.0)
+
+
+def _pct(x: np.ndarray, prefix: str) -> dict[str, float]:
+    x = x[np.isfinite(x)]
+    if not x.size:
+        return {f"{prefix}_p{p}": float("nan") for p in PERCENTILES} | {f"{prefix}_mean": float("nan")}
+    out = {f"{prefix}_p{p}": float(v) for p, v in zip(PERCENTILES, np.percentile(x, PERCENTILES))}
+    out[f"{prefix}_mean"] = float(x.mean())
+    return out
+
+
+@dataclass
+class RunResult:
+    """A finished run: ``records`` (one row per request) and ``summary`` (a plain dict)."""
+
+    records: pd.DataFrame
+    summary: dict[str, Any]
+    events: list[tuple[float, str, int, int, int]] = field(default_factory=list)
+
+    @classmethod
+    def from_simulator(cls, sim: "Simulator") -> "RunResult":
+        records = request_records(sim)
+        return cls(records, run_summary(sim, records), list(sim.events))
+
+    def to_parquet(self, path: str) -> None:
+        self.records.to_parquet(path, index=False)
+
+
+def request_records(sim: "Simulator") -> pd.DataFrame:
+    rs, w = sim.rs, sim.w
+    verdicts = slo_verdicts(sim)
+    out_tok = w.output_tokens
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_tpot = np.where(rs.generated > 1, (rs.last_token - rs.first_token) / (rs.generated - 1), np.nan)
+    served = (rs.outcome == Outcome.FINISHED) | (rs.outcome == Outcome.BEST_EFFORT)
+    names = np.array([OUTCOME_NAMES[Outcome(o)] for o in range(len(Outcome))])
+    df = pd.DataFrame({
+        "request_id": np.arange(len(w)),
+        "app": np.array(w.app_names, dtype=object)[w.app],
+        "tier": np.array(w.tier_names, dtype=object)[w.tier],
+        "arrival": w.arrival,
+        "ttft": rs.first_token - w.arrival,
+        "max_tpot": np.where(rs.generated > 1, rs.max_gap, np.nan),
+        "mean_tpot": mean_tpot,
+        "ttlt": np.where(served, rs.finish - w.arrival, np.nan),
+        "slo_met": verdicts[sim.attainment],
+        "outcome": names[rs.outcome],
+        "service_gain": service_gain(sim),
+        "instance": rs.instance,
+        "input_tokens": w.input_tokens,
+        "output_tokens": out_tok,
+        "generated_tokens": rs.generated,
+        "computed_tokens": rs.computed_total,
+        "recomputed_tokens": rs.recomputed,
+        "n_preemptions": rs.n_preempt,
+        "best_effort": rs.be,
+        "priority": w.priority,
+        "group": w.group,
+        "ttft_slo": w.first_ttft,
+        "tpot_slo": w.min_tpot,
+        "ttlt_slo": w.ttlt,
+    })
+    for m, v in verdicts.items():
+        df[f"slo_met_{m}"] = v
+    return df
+
+
+def _attainment(df: pd.DataFrame, by: str) -> dict[str, float]:
+    return {str(k): float(v) for k, v in df.groupby(by, sort=True)["slo_met"].mean().items()}
+
+
+def run_summary(sim: "Simulator", df: pd.DataFrame) -> dict[str, Any]:
+    w, rs = sim.w, sim.rs
+    has_slo = ~w.best_effort
+    scored = df[has_slo]
+    n_met = int(df["slo_met"].sum())
+    t0 = float(w.arrival[0]) if len(w) else 0.0
+    span = max(sim.end_time - t0, 1e-9)
+    served = df["outcome"].isin(("finished", "best_effort"))
+    attainment = float(scored["slo_met"].mean()) if len(scored) else float("nan")
+    mean_latency = float(df.loc[served, "ttlt"].mean()) if served.any() else float("nan")
+    inst_seconds = [((i.stopped_at if i.stopped_at is not None else sim.end_time) - i.started_at)
+                    for i in sim.instances]
+    summary: dict[str, Any] = {
+        "workload": w.name,
+        "policy": sim.policy.name,
+        "engine": sorted({e.name for e in sim.engines}),
+        "n_instances": len(sim.instances),
+        "seed": sim.seed,
+        "attainment_mode": sim.attainment,
+        "n_requests": len(w),
+        "attainment": attainment,
+        "attainment_by_app": _attainment(scored, "app"),
+        "attainment_by_tier": _attainment(scored, "tier"),
+        "attainment_modes": {m: float(scored[f"slo_met_{m}"].mean()) if len(scored) else float("nan")
+                             for m in ("strict", "dslo", "mean_tpot", "ttlt")},
+        "goodput": n_met / span,
+        "throughput": float(served.sum()) / span,
+        "token_throughput": float(rs.generated.sum()) / span,
+        "service_gain": float(df["service_gain"].sum()),
+        "service_gain_rate": float(df["service_gain"].sum()) / span,
+        "sa_objective": attainment / mean_latency if mean_latency > 0 else float("nan"),
+        "cost_instance_seconds": float(sum(inst_seconds)),
+        "utilization": float(sum(i.busy_time for i in sim.instances) / max(sum(inst_seconds), 1e-9)),
+        "outcomes": {name: int((df["outcome"] == name).sum()) for name in OUTCOME_NAMES.values()
+                     if name != "none"},
+        "dropped_reasons": dict(sorted(sim.dropped_reasons.items())),
+        "preemptions": int(rs.n_preempt.sum()),
+        "recomputed_tokens": int(rs.recomputed.sum()),
+        "iterations": int(sum(i.iterations for i in sim.instances)),
+        "ff_iterations": int(sim.ff_iterations),
+        "sim_seconds": float(sim.end_time),
+        "wall_seconds": float(sim.wall_seconds),
+    }
+    summary.update(_pct(df.loc[served, "ttft"].to_numpy(), "ttft"))
+    summary.update(_pct(df.loc[served, "mean_tpot"].to_numpy(), "tpot"))
+    summary.update(_pct(df.loc[served, "ttlt"].to_numpy(), "ttlt"))
+    summary["requests_per_wall_second"] = len(w) / summary["wall_seconds"] if summary["wall_seconds"] else None
+    return summary

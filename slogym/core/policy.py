@@ -1,0 +1,103 @@
+"""Policy interfaces: :class:`Router`, :class:`Scheduler`, :class:`Scaler`, bundled as :class:`Policy`.
+
+Baselines implement the pieces their paper has; the simulator calls them at these points:
+
+* ``Router.route(req, sim, now)`` when a request arrives (or returns from a tool call, or leaves the global
+  queue). Returns an instance index, or :data:`DEFER` (keep it in the cluster's global queue; it is offered
+  again whenever a request finishes), :data:`REJECT` (outcome ``rejected``), or :data:`BEST_EFFORT` (demote
+  to the best-effort tier; ``best_effort_instance`` then picks where it runs).
+* ``Scheduler.next_batch(inst, now)`` whenever an instance is free: returns the next iteration's
+  :class:`~slogym.core.batch.Batch` or ``None`` to idle until the next event that reaches the instance.
+* ``Scaler.decide(sim, now)`` every ``Scaler.interval`` seconds (cluster-shape changes; see the cluster issue).
+
+A policy keeps its own state and must reset it in ``reset(sim)``; it must not mutate simulator arrays
+directly -- decisions go through return values.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from slogym.core.batch import Batch
+
+if TYPE_CHECKING:
+    from slogym.core.instance import Instance
+    from slogym.core.simulator import Simulator
+
+DEFER = -1
+REJECT = -2
+BEST_EFFORT = -3
+
+
+class Router(ABC):
+    """Decides where an arriving request goes (admission is part of routing: reject / best-effort)."""
+
+    #: True if this router's decisions depend on other instances' per-iteration progress between arrivals;
+    #: the simulator then never fast-forwards one instance past another's events.
+    coupled: bool = False
+
+    def reset(self, sim: "Simulator") -> None:
+        """Called once before a run."""
+
+    @abstractmethod
+    def route(self, req: int, sim: "Simulator", now: float) -> int:
+        """Instance index, or DEFER / REJECT / BEST_EFFORT."""
+
+    def best_effort_instance(self, req: int, sim: "Simulator", now: float) -> int:
+        """Where a demoted request runs; default: the instance with the fewest resident requests."""
+        return min(range(len(sim.instances)), key=lambda i: sim.instances[i].n_resident)
+
+
+class Scheduler(ABC):
+    """Forms each iteration's batch on one instance (iteration-level scheduling)."""
+
+    def reset(self, sim: "Simulator") -> None:
+        """Called once before a run."""
+
+    @abstractmethod
+    def next_batch(self, inst: "Instance", now: float) -> Batch | None:
+        """The next iteration's batch, or None to idle."""
+
+
+class Scaler(ABC):
+    """Changes the cluster's shape every ``interval`` seconds."""
+
+    interval: float = 1.0
+
+    def reset(self, sim: "Simulator") -> None:
+        """Called once before a run."""
+
+    @abstractmethod
+    def decide(self, sim: "Simulator", now: float) -> None:
+        """Apply scaling actions through the simulator's cluster API."""
+
+
+class SingleOrRoundRobin(Router):
+    """The documented default router: everything to instance 0, or round-robin over several instances."""
+
+    def reset(self, sim: "Simulator") -> None:
+        self._next = 0
+
+    def route(self, req: int, sim: "Simulator", now: float) -> int:
+        i = self._next % len(sim.instances)
+        self._next += 1
+        return i
+
+
+@dataclass
+class Policy:
+    """A named bundle of router, scheduler and (optional) scaler, plus the parameters it was built with."""
+
+    name: str
+    scheduler: Scheduler
+    router: Router = field(default_factory=SingleOrRoundRobin)
+    scaler: Scaler | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def reset(self, sim: "Simulator") -> None:
+        self.router.reset(sim)
+        self.scheduler.reset(sim)
+        if self.scaler is not None:
+            self.scaler.reset(sim)

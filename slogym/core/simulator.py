@@ -1,0 +1,737 @@
+"""The discrete-event simulator: arrivals, engine iterations, tool calls, collective groups, policy timers.
+
+Events are processed in time order; at equal times an iteration end comes before other events (so resources
+it frees are visible), and cluster events (tool returns, group releases, timers) before arrivals. The per-request
+state lives in :class:`~slogym.core.state.RequestState` arrays and every iteration's token accounting, deadline
+and KV bookkeeping is vectorized over the batch.
+
+Fast-forward. When a scheduler marks an all-decode batch ``steady`` it promises to return it unchanged until
+something it can see happens. The simulator then builds the integer features of the next ``m`` decode
+iterations at once, evaluates their times in one vectorized perf-model call, and applies every iteration that
+ends before the next event that could reach the instance (next arrival, cluster event, a stage end in the
+batch, a KV-block shortage; also other instances' iteration ends when the router is ``coupled``). The result
+is bit-identical to stepping: the same integer features give the same float times, times are accumulated in
+the same order (``cumsum``), and every per-token metric is computed with the same expressions.
+
+Interactive use (the Gymnasium environments): with ``agent_route`` / ``agent_schedule`` set,
+:meth:`Simulator.decisions` is a generator that yields ``("route", req, now)`` or ``("schedule", inst, now)``
+and takes the decision back through ``send``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Generator
+from typing import Any
+
+import numpy as np
+
+from slogym.core.batch import Batch, BatchFeatures
+from slogym.core.errors import SchedulerError
+from slogym.core.instance import Instance
+from slogym.core.policy import BEST_EFFORT, DEFER, REJECT, Policy
+from slogym.core.request import StageKind, Workload
+from slogym.core.state import Outcome, RequestState, Status
+
+INF = math.inf
+_PREFILL, _DECODE, _EXTERNAL = int(StageKind.PREFILL), int(StageKind.DECODE), int(StageKind.EXTERNAL)
+_EXT_DONE, _RELEASE, _TIMER = 0, 1, 2
+_FF_MAX = 4096
+NO_TPOT = 1e30  # "no TPOT SLO" kept finite so that 0 * tpot never makes a NaN deadline in the hot path
+_Gen = Generator[tuple, Any, None]
+
+ATTAINMENT_MODES = ("strict", "dslo", "mean_tpot", "ttlt")
+
+
+class Simulator:
+    """Replays ``workload`` on ``n_instances`` replicas of ``engine`` under ``policy``.
+
+    engine        an engine preset (``slogym.engines.get_engine(name)``) or a list, one per instance
+    attainment    SLO judging mode: ``strict`` (TTFT and every inter-token gap within TPOT), ``dslo`` (every
+                  token before its deadline line), ``mean_tpot`` (TTFT and mean TPOT per stage), ``ttlt``
+    sg_weights    Tempo service-gain weights (w_i, w_o), Eq. 1; ``sg_alpha`` the divisive-decay exponent
+    spec_acceptance  per-token acceptance probability of speculative drafts (SLOs-Serve App. D)
+    fast_forward  allow the vectorized decode fast-forward (results are identical either way)
+    """
+
+    def __init__(
+        self,
+        workload: Workload,
+        engine: Any,
+        policy: Policy,
+        n_instances: int = 1,
+        *,
+        seed: int = 0,
+        attainment: str = "dslo",
+        sg_weights: tuple[float, float] = (1.0, 2.0),
+        sg_alpha: float = 1.0,
+        spec_acceptance: float = 0.7,
+        fast_forward: bool = True,
+        validate: bool = True,
+        progress: bool = False,
+    ) -> None:
+        if attainment not in ATTAINMENT_MODES:
+            raise ValueError(f"attainment={attainment!r}; expected one of {ATTAINMENT_MODES}")
+        if n_instances < 1:
+            raise ValueError(f"n_instances={n_instances}; must be >= 1")
+        if not 0.0 <= spec_acceptance < 1.0:
+            raise ValueError(f"spec_acceptance={spec_acceptance}; must be in [0, 1)")
+        if not sg_alpha > 0:
+            raise ValueError(f"sg_alpha={sg_alpha}; must be > 0 (inf reduces service gain to goodput)")
+        self.w = workload
+        self.policy = policy
+        self.seed = seed
+        self.attainment = attainment
+        self.sg_weights = (float(sg_weights[0]), float(sg_weights[1]))
+        self.sg_alpha = float(sg_alpha)
+        self.spec_acceptance = spec_acceptance
+        self.fast_forward = fast_forward
+        self.validate = validate
+        self.progress = progress
+        engines = list(engine) if isinstance(engine, (list, tuple)) else [engine] * n_instances
+        if len(engines) != n_instances:
+            raise ValueError(f"{len(engines)} engines given for n_instances={n_instances}")
+        self.engines = engines
+        self.agent_route = False
+        self.agent_schedule = False
+        self._reset_state()
+
+    # ================================================================== public API
+    def run(self) -> "Simulator":
+        """Run to completion (every request reaches an outcome). Returns self; see :meth:`result`."""
+        for msg in self.decisions():
+            raise SchedulerError(f"decision {msg[0]!r} requested but no agent is attached")
+        return self
+
+    def decisions(self) -> _Gen:
+        """Generator over the run; yields decision requests when an agent is attached (see module doc)."""
+        self._wall0 = time.perf_counter()
+        self.policy.reset(self)
+        if self.policy.scaler is not None:
+            self.add_timer(self.policy.scaler.interval, self._scaler_tick)
+        yield from self._loop()
+        self._finalize()
+        self.wall_seconds = time.perf_counter() - self._wall0
+
+    def result(self) -> "Any":
+        from slogym.core.metrics import RunResult  # metrics imports the simulator's names
+
+        return RunResult.from_simulator(self)
+
+    def add_timer(self, t: float, callback: Any) -> None:
+        """Call ``callback(sim, t)`` at time ``t`` (a cluster event; idle instances are offered work after)."""
+        self._seq += 1
+        heapq.heappush(self._glob, (t, self._seq, _TIMER, callback))
+
+    def log_event(self, t: float, kind: str, req: int, inst: int, detail: int = 0) -> None:
+        self.events.append((t, kind, req, inst, detail))
+
+    # ================================================================== state
+    def _reset_state(self) -> None:
+        w = self.w
+        self.rs = RequestState(w)
+        self.instances = [Instance(i, e, self) for i, e in enumerate(self.engines)]
+        self.now = 0.0
+        self.global_queue: list[int] = []
+        self.events: list[tuple[float, str, int, int, int]] = []
+        self.dropped_reasons: dict[str, int] = {}
+        self.rng = np.random.default_rng(self.seed)
+        self._iter: list[tuple[float, int, int]] = []
+        self._glob: list[tuple[float, int, int, Any]] = []
+        self._seq = 0
+        self._na = 0
+        self._n_done = 0
+        self.ff_iterations = 0
+        self.wall_seconds = 0.0
+        self._skind = w.stage_kind.astype(np.int64)
+        # largest context a request reaches: all its prefill and decode tokens (KV kept across stages)
+        tok = np.where(w.stage_kind != _EXTERNAL, w.stage_tokens, 0)
+        c = np.concatenate(([0], np.cumsum(tok)))
+        self._max_ctx = c[w.stage_ptr[1:]] - c[w.stage_ptr[:-1]]
+        self._groups: dict[tuple[int, int], int] = {}
+        self._held: dict[tuple[int, int], list[int]] = {}
+        for g, s in zip(w.group[w.group >= 0].tolist(), w.group_stage[w.group >= 0].tolist()):
+            self._groups[(g, s)] = self._groups.get((g, s), 0) + 1
+        self._group_stage_open = {g: 0 for g, _ in self._groups}
+        self._pbar = None
+
+    # ================================================================== event loop
+    def _loop(self) -> _Gen:
+        arrival, n = self.w.arrival, len(self.w)
+        it, gl = self._iter, self._glob
+        if self.progress:
+            from tqdm import tqdm
+
+            self._pbar = tqdm(total=n, unit="req", mininterval=0.5, leave=False)
+        while True:
+            ta = arrival[self._na] if self._na < n else INF
+            ti = it[0][0] if it else INF
+            tg = gl[0][0] if gl else INF
+            if ti <= tg and ti <= ta and ti < INF:
+                t, _, i = heapq.heappop(it)
+                self.now = t
+                yield from self._on_iteration_done(self.instances[i], t)
+            elif tg <= ta and tg < INF:
+                t, _, kind, payload = heapq.heappop(gl)
+                self.now = t
+                if kind == _EXT_DONE:
+                    yield from self._on_external_done(payload, t)
+                elif kind == _RELEASE:
+                    yield from self._begin(payload, t)
+                else:
+                    payload(self, t)
+                    for inst in self.instances:
+                        if not inst.busy and inst.n_resident:
+                            yield from self._schedule(inst, t)
+            elif ta < INF:
+                r = self._na
+                self._na += 1
+                self.now = ta
+                yield from self._on_arrival(r, ta)
+            else:
+                break
+        if self._pbar is not None:
+            self._pbar.close()
+
+    def _scaler_tick(self, sim: "Simulator", t: float) -> None:
+        scaler = self.policy.scaler
+        scaler.decide(self, t)
+        if self._na < len(self.w) or self._iter:
+            self.add_timer(t + scaler.interval, self._scaler_tick)
+
+    # ================================================================== arrivals and routing
+    def _on_arrival(self, r: int, t: float) -> _Gen:
+        g = int(self.w.group[r])
+        if g >= 0:
+            s = int(self.w.group_stage[r])
+            if s > self._group_stage_open[g]:
+                self.rs.status[r] = Status.HELD
+                self._held.setdefault((g, s), []).append(r)
+                return
+        yield from self._begin(r, t)
+
+    def _begin(self, r: int, t: float) -> _Gen:
+        """Request ``r`` becomes ready at ``t`` with its first stage (a prefill)."""
+        rs = self.rs
+        rs.ready[r] = t
+        rs.num_tokens[r] = rs.stage_len[r]
+        yield from self._route(r, t)
+
+    def _route(self, r: int, t: float) -> _Gen:
+        if self.agent_route:
+            action = yield ("route", r, t)
+        else:
+            action = self.policy.router.route(r, self, t)
+        yield from self._apply_route(r, int(action), t)
+
+    def _apply_route(self, r: int, action: int, t: float) -> _Gen:
+        if action >= 0:
+            if action >= len(self.instances):
+                raise SchedulerError(f"router sent request {r} to instance {action}; "
+                                     f"there are {len(self.instances)}")
+            yield from self._place(r, self.instances[action], t)
+        elif action == DEFER:
+            self.rs.status[r] = Status.QUEUED
+            self.global_queue.append(r)
+        elif action == REJECT:
+            yield from self._done(r, Outcome.REJECTED, t)
+        elif action == BEST_EFFORT:
+            self.rs.be[r] = True
+            i = int(self.policy.router.best_effort_instance(r, self, t))
+            yield from self._apply_route(r, i, t)
+        else:
+            raise SchedulerError(f"router returned {action} for request {r}; expected an instance index "
+                                 f"0..{len(self.instances) - 1}, DEFER={DEFER}, REJECT={REJECT} or "
+                                 f"BEST_EFFORT={BEST_EFFORT}")
+
+    def _place(self, r: int, inst: Instance, t: float) -> _Gen:
+        if self._max_ctx[r] > inst.total_blocks * inst.block_size:
+            yield from self._drop(r, "exceeds_kv_capacity", t)
+            return
+        rs = self.rs
+        rs.instance[r] = inst.id
+        rs.status[r] = Status.WAITING
+        inst.waiting.append(r)
+        if not inst.busy:
+            yield from self._schedule(inst, t)
+
+    # ================================================================== scheduling an iteration
+    def _schedule(self, inst: Instance, t: float) -> _Gen:
+        """Ask the scheduler for ``inst``'s next batch and start it (fast-forwarding steady stretches)."""
+        inst.busy = True  # no nested scheduling of this instance while its batch is being formed
+        while True:
+            self.now = t
+            if self.agent_schedule:
+                batch = yield ("schedule", inst, t)
+            else:
+                batch = self.policy.scheduler.next_batch(inst, t)
+            if batch is None:
+                inst.busy = False
+                return
+            yield from self._apply_side_actions(inst, batch, t)
+            if batch.empty:
+                if (batch.preempt or batch.drop or batch.demote) and inst.n_resident:
+                    continue
+                inst.busy = False
+                return
+            idx = np.asarray(batch.req, dtype=np.int64)
+            tok = np.asarray(batch.tokens, dtype=np.int64)
+            if self.validate:
+                self._check_batch(inst, idx, tok, batch)
+            if batch.steady and self.fast_forward and batch.spec is None and not self.agent_schedule:
+                t_ff = self._fast_forward(inst, idx, t)
+                if t_ff is not None:
+                    t = t_ff
+                    continue
+            self._start_iteration(inst, idx, tok, batch.spec, t)
+            return
+
+    def _apply_side_actions(self, inst: Instance, batch: Batch, t: float) -> _Gen:
+        for r in batch.preempt:
+            self._preempt(inst, int(r), t)
+        for r in batch.demote:
+            self.rs.be[int(r)] = True
+        for r in batch.drop:
+            yield from self._drop(int(r), "scheduler", t)
+
+    def _check_batch(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, batch: Batch) -> None:
+        rs = self.rs
+        if idx.shape != tok.shape:
+            raise SchedulerError(f"instance {inst.id}: batch.req has {idx.size} entries, tokens {tok.size}")
+        st = rs.status[idx]
+        bad = (rs.instance[idx] != inst.id) | ((st != Status.WAITING) & (st != Status.RUNNING))
+        if bad.any():
+            r = int(idx[bad.argmax()])
+            raise SchedulerError(f"instance {inst.id}: request {r} is not waiting or running here "
+                                 f"(status {Status(rs.status[r]).name}, instance {rs.instance[r]})")
+        rem = rs.num_tokens[idx] - rs.num_computed[idx]
+        bad = (tok < 1) | (tok > rem)
+        if bad.any():
+            j = int(bad.argmax())
+            raise SchedulerError(f"instance {inst.id}: request {idx[j]} scheduled {tok[j]} tokens; "
+                                 f"it has {rem[j]} left to compute (must be 1..{rem[j]})")
+        if not batch.steady and np.unique(idx).size != idx.size:
+            raise SchedulerError(f"instance {inst.id}: batch lists a request twice: {idx.tolist()}")
+        if batch.spec is not None:
+            spec = np.asarray(batch.spec)
+            if spec.shape != idx.shape or (spec < 0).any() or ((spec > 0) & (rem != 1)).any():
+                raise SchedulerError(f"instance {inst.id}: batch.spec must be >= 0 per request and only set "
+                                     f"on decode steps; got {spec.tolist()}")
+
+    def _features(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, spec: np.ndarray | None,
+                  ) -> BatchFeatures:
+        rs = self.rs
+        past = rs.num_computed[idx]
+        is_dec = (rs.num_tokens[idx] - past) == 1
+        kv = past + tok
+        if spec is not None:
+            kv = kv + spec
+        if is_dec.all():
+            pt = np.zeros(0, np.int64)
+            pp = pt
+            dec_tok = tok if spec is None else tok + spec
+            dctx = kv
+        else:
+            pre = ~is_dec
+            pt, pp = tok[pre], past[pre]
+            dec_tok = tok[is_dec] if spec is None else tok[is_dec] + spec[is_dec]
+            dctx = kv[is_dec]
+        return BatchFeatures(
+            np.array([pt.sum()]), np.array([pt.size]), np.array([(pt * (pp + pt)).sum()]),
+            np.array([(pt * pt).sum()]), np.array([dec_tok.size]), np.array([dec_tok.sum()]),
+            np.array([dctx.sum()]), np.array([kv.sum()]),
+            np.array([int(spec.max()) if spec is not None and spec.size else 0]),
+        )
+
+    def _start_iteration(self, inst: Instance, idx: np.ndarray, tok: np.ndarray,
+                         spec: np.ndarray | None, t: float) -> None:
+        rs = self.rs
+        spec = None if spec is None else np.asarray(spec, dtype=np.int64)
+        f = self._features(inst, idx, tok, spec)
+        dt = float(inst.engine.batch_time(f)[0])
+        if not dt > 0.0:
+            raise SchedulerError(f"engine {inst.engine.name} gave iteration time {dt!r} for batch {f}")
+        width = tok if spec is None else tok + spec
+        need = -(-(rs.num_computed[idx] + width) // inst.block_size) - rs.kv_blocks[idx]
+        need = np.maximum(need, 0)
+        total = int(need.sum())
+        if total > inst.free_blocks:
+            raise SchedulerError(f"instance {inst.id}: batch needs {total} KV blocks, {inst.free_blocks} free "
+                                 f"(requests {idx.tolist()})")
+        rs.kv_blocks[idx] += need
+        inst.free_blocks -= total
+        newly = idx[rs.status[idx] == Status.WAITING]
+        if newly.size:
+            self._admit(inst, newly, t)
+        inst.busy = True
+        inst.inflight = (idx, tok, spec)
+        inst.busy_time += dt
+        self._seq += 1
+        heapq.heappush(self._iter, (t + dt, self._seq, inst.id))
+
+    def _admit(self, inst: Instance, newly: np.ndarray, t: float) -> None:
+        rs = self.rs
+        for r in newly.tolist():
+            inst.waiting.remove(r)
+            inst.running.append(r)
+        rs.status[newly] = Status.RUNNING
+        first = newly[np.isnan(rs.first_scheduled[newly])]
+        rs.first_scheduled[first] = t
+
+    # ================================================================== fast-forward
+    def _ff_horizon(self) -> float:
+        h = self.w.arrival[self._na] if self._na < len(self.w) else INF
+        if self._glob:
+            h = min(h, self._glob[0][0])
+        if self._iter and (self.policy.router.coupled or self.global_queue):
+            h = min(h, self._iter[0][0])
+        return h
+
+    def _fast_forward(self, inst: Instance, idx: np.ndarray, t: float) -> float | None:
+        """Apply the steady decode iterations that end before the horizon; return the new time or None."""
+        rs = self.rs
+        nc0 = rs.num_computed[idx]
+        if (((rs.num_tokens[idx] - nc0) != 1).any() or (rs.status[idx] != Status.RUNNING).any()
+                or (self._skind[rs.stage[idx]] != _DECODE).any()):
+            return None
+        m_max = int((rs.stage_len[idx] - rs.gen_in_stage[idx]).min()) - 1
+        if m_max < 2:
+            return None
+        horizon = self._ff_horizon()
+        n = idx.size
+        c0 = int((nc0 + 1).sum())
+        m = min(m_max, _FF_MAX)
+        if horizon < INF:
+            dt0 = float(inst.engine.batch_time(BatchFeatures.build(
+                decode_seqs=n, decode_tokens=n, decode_ctx=c0, kv_tokens=c0))[0])
+            m = min(m, int((horizon - t) / dt0) + 2)
+        if m < 2:
+            return None
+        ctx = c0 + n * np.arange(m, dtype=np.int64)
+        nvec = np.full(m, n, np.int64)
+        zero = np.zeros(m, np.int64)
+        dts = inst.engine.batch_time(BatchFeatures(zero, zero, zero, zero, nvec, nvec, ctx, ctx, zero))
+        ends = np.cumsum(np.concatenate(([t], dts)))[1:]
+        k = int(np.searchsorted(ends, horizon, side="left"))
+        # KV: after k iterations every request holds ceil((nc0 + k) / bs) blocks; shrink k until it fits
+        kvb = rs.kv_blocks[idx]
+        bs = inst.block_size
+
+        def need(k: int) -> int:
+            return int(np.maximum(-(-(nc0 + k) // bs) - kvb, 0).sum())
+
+        if k and need(k) > inst.free_blocks:
+            lo, hi = 0, k
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if need(mid) <= inst.free_blocks:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            k = lo
+        if k < 1:
+            return None
+        self._apply_decode_run(inst, idx, ends[:k], dts[:k], need(k))
+        return float(ends[k - 1])
+
+    def _apply_decode_run(self, inst: Instance, idx: np.ndarray, ends: np.ndarray, dts: np.ndarray,
+                          blocks: int) -> None:
+        """Account ``len(ends)`` decode iterations of the whole batch, token by token, in bulk."""
+        rs = self.rs
+        k = ends.size
+        nc = rs.num_computed[idx] + k
+        rs.num_computed[idx] = nc
+        rs.computed_total[idx] += k
+        rs.kv_blocks[idx] = np.maximum(rs.kv_blocks[idx], -(-nc // inst.block_size))
+        inst.free_blocks -= blocks
+        tp = rs.tpot[idx]
+        kk = rs.gen_in_stage[idx]
+        g0 = ends[0] - rs.last_token[idx]
+        steps = kk[:, None] + np.arange(k, dtype=np.int64)[None, :]
+        dl = rs.dl_base[idx][:, None] + steps * tp[:, None]
+        rs.dslo_slack[idx] = np.minimum(rs.dslo_slack[idx], (dl - ends[None, :]).min(axis=1))
+        rs.final_deadline[idx] = dl[:, -1]
+        gaps = np.empty((idx.size, k))
+        gaps[:, 0] = g0
+        if k > 1:
+            gaps[:, 1:] = np.diff(ends)[None, :]
+        gmax = gaps.max(axis=1)
+        rs.max_gap[idx] = np.maximum(rs.max_gap[idx], gmax)
+        rs.tpot_slack[idx] = np.minimum(rs.tpot_slack[idx], tp - gmax)
+        sg = np.empty((idx.size, k + 1))
+        sg[:, 0] = rs.sg_out[idx]
+        sg[:, 1:] = self._decay(tp[:, None] / gaps)
+        rs.sg_out[idx] = np.cumsum(sg, axis=1)[:, -1]
+        rs.last_token[idx] = ends[-1]
+        rs.gen_in_stage[idx] = kk + k
+        rs.generated[idx] += k
+        rs.num_tokens[idx] += k
+        inst.iterations += k
+        inst.tokens += k * idx.size
+        inst.busy_time = float(np.cumsum(np.concatenate(([inst.busy_time], dts)))[-1])
+        self.ff_iterations += k
+
+    def _decay(self, ratio: np.ndarray) -> np.ndarray:
+        """Tempo's divisive decay f = min{1, (SLO / metric)^alpha} (Eq. 2-3) from ratio = SLO / metric."""
+        a = self.sg_alpha
+        if a == 1.0:
+            return np.minimum(ratio, 1.0)
+        if a == INF:
+            return (ratio >= 1.0).astype(np.float64)
+        return np.minimum(ratio ** a, 1.0)
+
+    # ================================================================== iteration end: token accounting
+    def _on_iteration_done(self, inst: Instance, t: float) -> _Gen:
+        idx, tok, spec = inst.inflight
+        inst.inflight = None
+        inst.iterations += 1
+        rs = self.rs
+        if spec is not None and spec.any():
+            tok = self._accept_speculation(inst, idx, tok, spec, t)
+        nc = rs.num_computed[idx] + tok
+        rs.num_computed[idx] = nc
+        rs.computed_total[idx] += tok
+        inst.tokens += int(tok.sum())
+        caught = nc == rs.num_tokens[idx]
+        emit = idx if caught.all() else idx[caught]
+        transitions: list[int] = []
+        if emit.size:
+            kinds = self._skind[rs.stage[emit]]
+            is_dec = kinds == _DECODE
+            dec = emit if is_dec.all() else emit[is_dec]
+            if dec.size:
+                transitions.extend(self._emit_tokens(dec, t).tolist())
+            if not is_dec.all():
+                transitions.extend(r for r in emit[~is_dec].tolist() if self._end_prefill(r, t))
+        for r in transitions:
+            yield from self._transition(r, t)
+        inst.busy = False
+        if inst.n_resident:
+            yield from self._schedule(inst, t)
+
+    def _emit_tokens(self, dec: np.ndarray, t: float) -> np.ndarray:
+        """Each request in ``dec`` emits its next output token at ``t``; returns those finishing their stage."""
+        rs = self.rs
+        k = rs.gen_in_stage[dec]
+        tp = rs.tpot[dec]
+        gap = t - rs.last_token[dec]
+        dl = rs.dl_base[dec] + k * tp
+        rs.dslo_slack[dec] = np.minimum(rs.dslo_slack[dec], dl - t)
+        rs.final_deadline[dec] = dl
+        rs.max_gap[dec] = np.maximum(rs.max_gap[dec], gap)
+        rs.tpot_slack[dec] = np.minimum(rs.tpot_slack[dec], tp - gap)
+        rs.sg_out[dec] += self._decay(tp / gap)
+        rs.last_token[dec] = t
+        k += 1
+        rs.gen_in_stage[dec] = k
+        rs.generated[dec] += 1
+        rs.num_tokens[dec] += 1
+        fin = k == rs.stage_len[dec]
+        return dec[fin] if fin.any() else dec[:0]
+
+    def _accept_speculation(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, spec: np.ndarray,
+                            t: float) -> np.ndarray:
+        """Verify drafts (SLOs-Serve App. D): draft j is kept while drafts 0..j were all accepted, each with
+        probability ``spec_acceptance``. Accepted drafts are emitted at ``t``; the verified (bonus) token is
+        then emitted by the normal path. Returns the tokens entering the KV (1 + accepted); KV blocks of
+        rejected drafts are freed. Drafts never run past the end of the decode stage.
+        """
+        rs = self.rs
+        u = self.rng.random((idx.size, int(spec.max())))
+        ok = (u < self.spec_acceptance) | (np.arange(u.shape[1])[None, :] >= spec[:, None])
+        accepted = np.where(ok.all(axis=1), spec, ok.argmin(axis=1))
+        accepted = np.minimum(accepted, rs.stage_len[idx] - rs.gen_in_stage[idx] - 1)
+        for step in range(int(accepted.max())):
+            self._emit_tokens(idx[accepted > step], t)
+        keep = -(-(rs.num_computed[idx] + tok + accepted) // inst.block_size)
+        freed = np.maximum(rs.kv_blocks[idx] - keep, 0)
+        rs.kv_blocks[idx] -= freed
+        inst.free_blocks += int(freed.sum())
+        return tok + accepted
+
+    # ================================================================== stage transitions
+    def _end_prefill(self, r: int, t: float) -> bool:
+        """A prefill stage caught up at ``t``; emit the following decode stage's first token.
+
+        Returns True when a stage transition follows (a one-token output, or no decode after the prefill).
+        """
+        rs, w = self.rs, self.w
+        s = int(rs.stage[r])
+        due = rs.ready[r] + w.stage_ttft[s]
+        rs.ttft_slack[r] = min(rs.ttft_slack[r], due - t)
+        wait = t - rs.ready[r]
+        f = float(self._decay(np.array([w.stage_ttft[s] / wait]))[0])
+        rs.sg_in[r] += self.sg_weights[0] * w.stage_tokens[s] * f
+        if math.isnan(rs.first_token[r]):
+            rs.first_token[r] = t
+        nxt = s + 1
+        if nxt >= w.stage_ptr[r + 1] or self._skind[nxt] != _DECODE:
+            return True  # the prefill ends its segment: _transition moves on
+        rs.stage[r] = nxt
+        n = int(w.stage_tokens[nxt])
+        rs.stage_len[r] = n
+        rs.tpot[r] = min(w.stage_tpot[nxt], NO_TPOT)
+        rs.dl_base[r] = due
+        rs.stage_t0[r] = t
+        rs.dslo_slack[r] = min(rs.dslo_slack[r], due - t)
+        rs.final_deadline[r] = due
+        rs.sg_out[r] += f
+        rs.last_token[r] = t
+        rs.gen_in_stage[r] = 1
+        rs.generated[r] += 1
+        rs.num_tokens[r] += 1
+        return n == 1
+
+    def _transition(self, r: int, t: float) -> _Gen:
+        """``r``'s current stage just ended at ``t``."""
+        s = int(self.rs.stage[r])
+        if self._skind[s] == _PREFILL:
+            yield from self._next_stage_after(r, s + 1, t)
+        else:
+            yield from self._end_decode_stage(r, t)
+
+    def _end_decode_stage(self, r: int, t: float) -> _Gen:
+        rs, w = self.rs, self.w
+        s = int(rs.stage[r])
+        n = int(rs.stage_len[r])
+        after_prefill = s > w.stage_ptr[r] and self._skind[s - 1] == _PREFILL
+        gaps = n - 1 if after_prefill else n
+        if gaps > 0:
+            rs.mean_slack[r] = min(rs.mean_slack[r], rs.tpot[r] - (t - rs.stage_t0[r]) / gaps)
+        nxt = s + 1
+        if nxt < w.stage_ptr[r + 1] and self._skind[nxt] == _DECODE:
+            rs.stage[r] = nxt
+            rs.stage_len[r] = w.stage_tokens[nxt]
+            rs.tpot[r] = min(w.stage_tpot[nxt], NO_TPOT)
+            rs.dl_base[r] = rs.final_deadline[r] + rs.tpot[r]
+            rs.stage_t0[r] = t
+            rs.gen_in_stage[r] = 0
+            return
+        yield from self._next_stage_after(r, nxt, t)
+
+    def _next_stage_after(self, r: int, nxt: int, t: float) -> _Gen:
+        """Move ``r`` to stage ``nxt`` (a prefill, an external call) or finish it."""
+        rs, w = self.rs, self.w
+        if nxt >= w.stage_ptr[r + 1]:
+            yield from self._done(r, Outcome.BEST_EFFORT if rs.be[r] else Outcome.FINISHED, t)
+            return
+        rs.stage[r] = nxt
+        kind = self._skind[nxt]
+        if kind == _PREFILL:  # a new user turn in the same residency: KV kept
+            rs.stage_len[r] = w.stage_tokens[nxt]
+            rs.num_tokens[r] += w.stage_tokens[nxt]
+            rs.ready[r] = t
+            return
+        # external: off the running set while the tool runs; its KV stays parked on the instance
+        self.instances[int(rs.instance[r])].running.remove(r)
+        rs.status[r] = Status.EXTERNAL
+        self._seq += 1
+        heapq.heappush(self._glob, (t + float(w.stage_delay[nxt]), self._seq, _EXT_DONE, r))
+
+    def _on_external_done(self, r: int, t: float) -> _Gen:
+        """The tool returned: back to the same instance's waiting queue to prefill only the new tokens."""
+        rs, w = self.rs, self.w
+        nxt = int(rs.stage[r]) + 1
+        rs.stage[r] = nxt
+        rs.stage_len[r] = w.stage_tokens[nxt]
+        rs.num_tokens[r] += w.stage_tokens[nxt]
+        rs.ready[r] = t
+        inst = self.instances[int(rs.instance[r])]
+        rs.status[r] = Status.WAITING
+        inst.waiting.append(r)
+        if not inst.busy:
+            yield from self._schedule(inst, t)
+
+    # ================================================================== leaving an instance
+    def _release(self, r: int) -> None:
+        """Free ``r``'s KV and take it off its instance's lists."""
+        rs = self.rs
+        i = int(rs.instance[r])
+        if i < 0:
+            return
+        inst = self.instances[i]
+        inst.free_blocks += int(rs.kv_blocks[r])
+        rs.kv_blocks[r] = 0
+        rs.num_computed[r] = 0
+        st = rs.status[r]
+        if st == Status.RUNNING:
+            inst.running.remove(r)
+        elif st == Status.WAITING:
+            inst.waiting.remove(r)
+
+    def _preempt(self, inst: Instance, r: int, t: float) -> None:
+        rs = self.rs
+        if rs.instance[r] != inst.id or rs.status[r] != Status.RUNNING:
+            raise SchedulerError(f"instance {inst.id}: cannot preempt request {r} "
+                                 f"(status {Status(rs.status[r]).name}, instance {rs.instance[r]})")
+        rs.recomputed[r] += rs.num_computed[r]
+        rs.n_preempt[r] += 1
+        self.log_event(t, "preempt", r, inst.id, int(rs.num_computed[r]))
+        self._release(r)
+        rs.status[r] = Status.WAITING
+        inst.waiting.insert(0, r)
+
+    def _drop(self, r: int, reason: str, t: float) -> _Gen:
+        self.dropped_reasons[reason] = self.dropped_reasons.get(reason, 0) + 1
+        yield from self._done(r, Outcome.DROPPED, t)
+
+    def _done(self, r: int, outcome: Outcome, t: float) -> _Gen:
+        rs = self.rs
+        if rs.status[r] == Status.QUEUED:
+            self.global_queue.remove(r)
+        self._release(r)
+        rs.status[r] = Status.DONE
+        rs.outcome[r] = outcome
+        rs.finish[r] = t
+        self._n_done += 1
+        if self._pbar is not None and self._n_done % 1024 == 0:
+            self._pbar.update(1024)
+        g = int(self.w.group[r])
+        if g >= 0:
+            yield from self._group_progress(g, int(self.w.group_stage[r]), t)
+        if self.global_queue and outcome in (Outcome.FINISHED, Outcome.BEST_EFFORT):
+            yield from self._retry_queue(t)
+
+    def _group_progress(self, g: int, s: int, t: float) -> _Gen:
+        key = (g, s)
+        self._groups[key] -= 1
+        while self._groups.get((g, self._group_stage_open[g]), 0) == 0 and \
+                (g, self._group_stage_open[g] + 1) in self._groups:
+            self._group_stage_open[g] += 1
+            for r in self._held.pop((g, self._group_stage_open[g]), []):
+                self._seq += 1
+                heapq.heappush(self._glob, (t, self._seq, _RELEASE, r))
+        return
+        yield
+
+    def _retry_queue(self, t: float) -> _Gen:
+        queue, self.global_queue = self.global_queue, []
+        for i, r in enumerate(queue):
+            self.rs.status[r] = Status.PENDING
+            yield from self._route(r, t)
+            if self.rs.status[r] == Status.QUEUED and not self.agent_route:
+                # still deferred: keep the rest in order without asking again this round
+                self.global_queue.extend(q for q in queue[i + 1:])
+                for q in queue[i + 1:]:
+                    self.rs.status[q] = Status.QUEUED
+                return
+
+    # ================================================================== end of run
+    def _finalize(self) -> None:
+        """Requests the run could not finish get outcome ``dropped`` with a counted reason (never silent)."""
+        rs = self.rs
+        reasons = {Status.WAITING: "never_scheduled", Status.RUNNING: "stalled", Status.QUEUED: "deferred_at_end",
+                   Status.HELD: "group_never_released", Status.PENDING: "never_arrived",
+                   Status.EXTERNAL: "external_at_end"}
+        for r in np.flatnonzero(rs.status != Status.DONE).tolist():
+            reason = reasons[Status(int(rs.status[r]))]
+            self.dropped_reasons[reason] = self.dropped_reasons.get(reason, 0) + 1
+            self._release(r)
+            rs.status[r] = Status.DONE
+            rs.outcome[r] = Outcome.DROPPED
+            rs.finish[r] = self.now
+        self.global_queue.clear()
+        fin = rs.finish[~np.isnan(rs.finish)]
+        self.end_time = max(self.now, float(fin.max()) if fin.size else 0.0)
