@@ -207,3 +207,17 @@ def test_generation_is_fast():
     for name in SCENARIOS:
         make_workload(name, n_requests=10_000)
     assert (time.perf_counter() - t) / len(SCENARIOS) < 0.05
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_default_rate_builds_with_default_engine(name):
+    """Every scenario at its calibrated default rate (docs/scenarios.md "Calibration") builds on the engine it
+    was calibrated for, with a positive realized arrival rate and finite first-stage TTFTs where relative."""
+    from slogym.engines.registry import get_engine
+
+    spec = SCENARIOS[name]
+    assert spec.default_rate > 0 and spec.calibration
+    w = make_workload(name, n_requests=400, seed=0, engine=get_engine("llama3-8b-h100"))
+    assert len(w) >= 400 and w.arrival[-1] > w.arrival[0]
+    assert (np.unique(w.arrival).size - 1) / (w.arrival[-1] - w.arrival[0]) > 0
+    assert np.all(w.first_ttft[~w.best_effort] > 0)

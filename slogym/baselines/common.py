@@ -47,18 +47,21 @@ def make_room_for_decodes(inst: Instance, dec: np.ndarray, victim_key: Callable[
 
 
 def fill_prefill_chunks(inst: Instance, candidates: list[int], budget: int, free_blocks: int,
-                        max_seqs: int, chunked: bool = True) -> tuple[list[int], list[int], int]:
+                        max_seqs: int, chunked: bool = True) -> tuple[list[int], list[int], int, bool]:
     """Give prefill chunks to ``candidates`` in order within a token ``budget``, KV and sequence limits.
 
     With ``chunked`` a request gets ``min(remaining, budget left, KV that fits)`` tokens (Sarathi-Serve);
     without it, only whole prefills fit (vLLM's default), except that the first may exceed the budget
-    so that a prompt longer than the budget is not starved. Returns (requests, chunk sizes, blocks used).
+    so that a prompt longer than the budget is not starved. Returns (requests, chunk sizes, blocks used,
+    repeatable): ``repeatable`` is True when exactly one chunk was scheduled and it was cut by the budget alone
+    (not by its remainder or by KV), so the same batch would be formed again next iteration.
     """
     rs = inst.sim.rs
     bs = inst.block_size
     reqs: list[int] = []
     toks: list[int] = []
     used = 0
+    repeatable = False
     for r in candidates:
         if budget <= 0 or len(reqs) >= max_seqs:
             break
@@ -72,11 +75,12 @@ def fill_prefill_chunks(inst: Instance, candidates: list[int], budget: int, free
             chunk = rem if (rem <= budget or not reqs) and rem <= fits else 0
         if chunk < 1:
             break
+        repeatable = not reqs and chunk == budget < rem and chunk < fits
         reqs.append(r)
         toks.append(chunk)
         used += max(-(-(nc + chunk) // bs) - held, 0)
         budget -= chunk
-    return reqs, toks, used
+    return reqs, toks, used, repeatable
 
 
 def unstick(inst: Instance, victim_key: Callable[[int], float]) -> Batch | None:

@@ -31,6 +31,8 @@ def next_deadline(inst: Instance, reqs: np.ndarray) -> np.ndarray:
 
 
 class EDFScheduler(Scheduler):
+    steady_through_finish = True
+
     def __init__(self, token_budget: int = 512, max_num_seqs: int = 256) -> None:
         if token_budget < 1 or max_num_seqs < 1:
             raise ValueError(f"token_budget={token_budget} and max_num_seqs={max_num_seqs} must be >= 1")
@@ -68,7 +70,7 @@ class EDFScheduler(Scheduler):
                 free -= need
                 budget -= 1
                 continue
-            got, chunks, used = fill_prefill_chunks(inst, [r], budget, free, 1)
+            got, chunks, used, _ = fill_prefill_chunks(inst, [r], budget, free, 1)
             if got:  # a prefill that does not fit waits; later deadlines may still run
                 reqs.append(r)
                 toks.append(chunks[0])

@@ -21,6 +21,8 @@ from slogym.core.policy import Scheduler
 
 
 class SarathiScheduler(Scheduler):
+    steady_through_finish = True
+
     def __init__(self, token_budget: int = 512, max_num_seqs: int = 256) -> None:
         if token_budget < 1 or max_num_seqs < 1:
             raise ValueError(f"token_budget={token_budget} and max_num_seqs={max_num_seqs} must be >= 1")
@@ -40,10 +42,10 @@ class SarathiScheduler(Scheduler):
         free = inst.free_blocks - int(inst.blocks_needed(dec, 1).sum()) + sum(
             int(inst.sim.rs.kv_blocks[v]) for v in victims)
         cands = pre.tolist() + [r for r in inst.waiting if r not in victims]
-        reqs, toks, _ = fill_prefill_chunks(inst, cands, budget, free, self.max_num_seqs - dec.size)
+        reqs, toks, _, repeatable = fill_prefill_chunks(inst, cands, budget, free, self.max_num_seqs - dec.size)
         if not reqs:
             if not dec.size and not victims:
                 return unstick(inst, lambda r: arrival[r])
             return batch_of(dec, np.ones(dec.size, np.int64), victims, steady=not victims)
         return batch_of(np.concatenate((dec, reqs)), np.concatenate((np.ones(dec.size, np.int64), toks)),
-                        victims)
+                        victims, steady=repeatable and not victims)

@@ -22,6 +22,8 @@ from slogym.core.policy import Scheduler
 
 
 class VLLMScheduler(Scheduler):
+    steady_through_finish = True
+
     def __init__(self, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                  watermark: float = 0.01) -> None:
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
@@ -37,7 +39,7 @@ class VLLMScheduler(Scheduler):
             reserve = int(self.watermark * inst.total_blocks)
             cands = pre.tolist() + inst.waiting
             slots = self.max_num_seqs - dec.size
-            reqs, toks, _ = fill_prefill_chunks(inst, cands, self.max_num_batched_tokens,
+            reqs, toks, _, _ = fill_prefill_chunks(inst, cands, self.max_num_batched_tokens,
                                                 inst.free_blocks - reserve, slots, chunked=False)
             if reqs:
                 return batch_of(reqs, toks)

@@ -82,9 +82,11 @@ class Batch:
     preempt   running requests to preempt by recompute *before* the iteration (KV dropped, tokens kept)
     drop      waiting/running requests to give up on (outcome ``dropped``), e.g. after a failed admission
     demote    requests moved to the best-effort tier (they keep running when capacity allows)
-    steady    the scheduler promises to return this same all-decode batch at every iteration until the next
-              event the simulator can see (arrival, timer, stage change or finish, KV shortage); this lets the
-              simulator fast-forward. Only meaningful for all-decode batches with no other action.
+    steady    the scheduler promises to return this same batch (same requests, same tokens each) at every
+              iteration until the next event the simulator can see: an arrival, a timer, a stage change (a
+              prefill completing, a decode stage ending), a KV shortage -- and a finish, unless the scheduler
+              declares ``steady_through_finish``. This lets the simulator fast-forward with identical results.
+              A prefill chunk in a steady batch must be limited by the token budget, not by KV or its remainder.
     """
 
     req: np.ndarray = field(default_factory=lambda: _EMPTY)

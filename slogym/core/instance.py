@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from slogym.core.batch import BatchFeatures
+
 if TYPE_CHECKING:
     from slogym.core.simulator import Simulator
 
@@ -44,6 +46,11 @@ class Instance:
         self.running: list[int] = []
         self.busy = False
         self.inflight: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None = None
+        # one batch of Python-int features -> seconds; the scalar path of shipped presets, or the vector one
+        one = getattr(engine, "batch_time_one", None)
+        self.time_one = one if one is not None else (
+            lambda f: float(engine.batch_time(BatchFeatures(*(np.array([v], np.int64) for v in f)))[0]))
+        self.last_dt = 0.01
         self.iterations = 0
         self.busy_time = 0.0
         self.tokens = 0

@@ -51,7 +51,14 @@ class Router(ABC):
 
 
 class Scheduler(ABC):
-    """Forms each iteration's batch on one instance (iteration-level scheduling)."""
+    """Forms each iteration's batch on one instance (iteration-level scheduling).
+
+    ``steady_through_finish``: when this scheduler returns a steady all-decode batch of every running request
+    and nothing waits, a request finishing does not change its rule (the next batch is the remaining running
+    requests), so the simulator may fast-forward through finishes.
+    """
+
+    steady_through_finish: bool = False
 
     def reset(self, sim: "Simulator") -> None:
         """Called once before a run."""

@@ -38,6 +38,7 @@ from slogym.core.state import Outcome, RequestState, Status
 INF = math.inf
 _PREFILL, _DECODE, _EXTERNAL = int(StageKind.PREFILL), int(StageKind.DECODE), int(StageKind.EXTERNAL)
 _EXT_DONE, _RELEASE, _TIMER = 0, 1, 2
+_WAITING, _RUNNING = int(Status.WAITING), int(Status.RUNNING)
 _FF_MAX = 4096
 NO_TPOT = 1e30  # "no TPOT SLO" kept finite so that 0 * tpot never makes a NaN deadline in the hot path
 _Gen = Generator[tuple, Any, None]
@@ -252,6 +253,7 @@ class Simulator:
             return
         rs = self.rs
         rs.instance[r] = inst.id
+        rs.slot[r] = inst.id
         rs.status[r] = Status.WAITING
         inst.waiting.append(r)
         if not inst.busy:
@@ -261,6 +263,7 @@ class Simulator:
     def _schedule(self, inst: Instance, t: float) -> _Gen:
         """Ask the scheduler for ``inst``'s next batch and start it (fast-forwarding steady stretches)."""
         inst.busy = True  # no nested scheduling of this instance while its batch is being formed
+        rs = self.rs
         while True:
             self.now = t
             if self.agent_schedule:
@@ -270,22 +273,39 @@ class Simulator:
             if batch is None:
                 inst.busy = False
                 return
-            yield from self._apply_side_actions(inst, batch, t)
+            side = batch.preempt or batch.drop or batch.demote
+            if side:
+                yield from self._apply_side_actions(inst, batch, t)
             if batch.empty:
-                if (batch.preempt or batch.drop or batch.demote) and inst.n_resident:
+                if side and inst.n_resident:
                     continue
                 inst.busy = False
                 return
             idx = np.asarray(batch.req, dtype=np.int64)
             tok = np.asarray(batch.tokens, dtype=np.int64)
+            nc = rs.num_computed[idx]
+            rem = rs.num_tokens[idx] - nc
             if self.validate:
-                self._check_batch(inst, idx, tok, batch)
-            if batch.steady and self.fast_forward and batch.spec is None and not self.agent_schedule:
-                t_ff = self._fast_forward(inst, idx, t)
-                if t_ff is not None:
-                    t = t_ff
-                    continue
-            self._start_iteration(inst, idx, tok, batch.spec, t)
+                self._check_batch(inst, idx, tok, rem, batch)
+            spec = None if batch.spec is None else np.asarray(batch.spec, dtype=np.int64)
+            if batch.steady and self.fast_forward and spec is None and not side and not self.agent_schedule:
+                ff = yield from self._fast_forward(inst, idx, tok, nc, rem, t)
+                if ff is not None:
+                    t, same = ff
+                    if not same:
+                        continue
+                    # by the steady contract the scheduler would return this batch again (minus finished
+                    # requests) at t: start it without asking
+                    alive = rs.slot[idx] == inst.id
+                    idx, tok = (idx, tok) if alive.all() else (idx[alive], tok[alive])
+                    if not idx.size:
+                        inst.busy = False
+                        return
+                    nc = rs.num_computed[idx]
+                    rem = rs.num_tokens[idx] - nc
+                    if self._ff_fit_kv(inst, idx, tok, nc, 1) < 1:
+                        continue  # the next step needs KV that is not free: the scheduler decides
+            self._start_iteration(inst, idx, tok, nc, rem, spec, t)
             return
 
     def _apply_side_actions(self, inst: Instance, batch: Batch, t: float) -> _Gen:
@@ -296,87 +316,85 @@ class Simulator:
         for r in batch.drop:
             yield from self._drop(int(r), "scheduler", t)
 
-    def _check_batch(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, batch: Batch) -> None:
+    def _check_batch(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, rem: np.ndarray,
+                     batch: Batch) -> None:
         rs = self.rs
         if idx.shape != tok.shape:
             raise SchedulerError(f"instance {inst.id}: batch.req has {idx.size} entries, tokens {tok.size}")
-        st = rs.status[idx]
-        bad = (rs.instance[idx] != inst.id) | ((st != Status.WAITING) & (st != Status.RUNNING))
+        bad = rs.slot[idx] != inst.id
         if bad.any():
             r = int(idx[bad.argmax()])
             raise SchedulerError(f"instance {inst.id}: request {r} is not waiting or running here "
                                  f"(status {Status(rs.status[r]).name}, instance {rs.instance[r]})")
-        rem = rs.num_tokens[idx] - rs.num_computed[idx]
         bad = (tok < 1) | (tok > rem)
         if bad.any():
             j = int(bad.argmax())
             raise SchedulerError(f"instance {inst.id}: request {idx[j]} scheduled {tok[j]} tokens; "
                                  f"it has {rem[j]} left to compute (must be 1..{rem[j]})")
-        if not batch.steady and np.unique(idx).size != idx.size:
-            raise SchedulerError(f"instance {inst.id}: batch lists a request twice: {idx.tolist()}")
+        if idx.size > 1 and not batch.steady:
+            pos = np.arange(idx.size)
+            rs.scratch[idx] = pos  # with a duplicate the later write wins and the earlier position disagrees
+            if (rs.scratch[idx] != pos).any():
+                raise SchedulerError(f"instance {inst.id}: batch lists a request twice: {idx.tolist()}")
         if batch.spec is not None:
             spec = np.asarray(batch.spec)
             if spec.shape != idx.shape or (spec < 0).any() or ((spec > 0) & (rem != 1)).any():
                 raise SchedulerError(f"instance {inst.id}: batch.spec must be >= 0 per request and only set "
                                      f"on decode steps; got {spec.tolist()}")
 
-    def _features(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, spec: np.ndarray | None,
-                  ) -> BatchFeatures:
-        rs = self.rs
-        past = rs.num_computed[idx]
-        is_dec = (rs.num_tokens[idx] - past) == 1
-        kv = past + tok
-        if spec is not None:
-            kv = kv + spec
+    @staticmethod
+    def _features(tok: np.ndarray, nc: np.ndarray, rem: np.ndarray, kv_after: np.ndarray,
+                  spec: np.ndarray | None) -> BatchFeatures:
+        """Integer features of one batch (Python ints: the scalar perf-model path)."""
+        steps = 0 if spec is None or not spec.size else int(spec.max())
+        is_dec = rem == 1
         if is_dec.all():
-            pt = np.zeros(0, np.int64)
-            pp = pt
-            dec_tok = tok if spec is None else tok + spec
-            dctx = kv
-        else:
-            pre = ~is_dec
-            pt, pp = tok[pre], past[pre]
-            dec_tok = tok[is_dec] if spec is None else tok[is_dec] + spec[is_dec]
-            dctx = kv[is_dec]
-        return BatchFeatures(
-            np.array([pt.sum()]), np.array([pt.size]), np.array([(pt * (pp + pt)).sum()]),
-            np.array([(pt * pt).sum()]), np.array([dec_tok.size]), np.array([dec_tok.sum()]),
-            np.array([dctx.sum()]), np.array([kv.sum()]),
-            np.array([int(spec.max()) if spec is not None and spec.size else 0]),
-        )
+            n = int(tok.size)
+            ctx = int(kv_after.sum())
+            return BatchFeatures(0, 0, 0, 0, n, n if spec is None else n + int(spec.sum()), ctx, ctx, steps)
+        pre = ~is_dec
+        pt, pp = tok[pre], nc[pre]
+        n_dec = int(is_dec.sum())
+        d_tok = n_dec if spec is None else n_dec + int(spec[is_dec].sum())
+        return BatchFeatures(int(pt.sum()), int(pt.size), int((pt * (pp + pt)).sum()), int((pt * pt).sum()),
+                             n_dec, d_tok, int(kv_after[is_dec].sum()), int(kv_after.sum()), steps)
 
-    def _start_iteration(self, inst: Instance, idx: np.ndarray, tok: np.ndarray,
-                         spec: np.ndarray | None, t: float) -> None:
+    def _start_iteration(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, nc: np.ndarray,
+                         rem: np.ndarray, spec: np.ndarray | None, t: float) -> None:
         rs = self.rs
-        spec = None if spec is None else np.asarray(spec, dtype=np.int64)
-        f = self._features(inst, idx, tok, spec)
-        dt = float(inst.engine.batch_time(f)[0])
-        if not dt > 0.0:
-            raise SchedulerError(f"engine {inst.engine.name} gave iteration time {dt!r} for batch {f}")
-        width = tok if spec is None else tok + spec
-        need = -(-(rs.num_computed[idx] + width) // inst.block_size) - rs.kv_blocks[idx]
-        need = np.maximum(need, 0)
+        bs = inst.block_size
+        kv_after = nc + tok if spec is None else nc + tok + spec
+        need = (kv_after + (bs - 1)) // bs - rs.kv_blocks[idx]
+        np.maximum(need, 0, out=need)
         total = int(need.sum())
         if total > inst.free_blocks:
             raise SchedulerError(f"instance {inst.id}: batch needs {total} KV blocks, {inst.free_blocks} free "
                                  f"(requests {idx.tolist()})")
+        f = self._features(tok, nc, rem, kv_after, spec)
+        dt = inst.time_one(f)
+        if not dt > 0.0:
+            raise SchedulerError(f"engine {inst.engine.name} gave iteration time {dt!r} for batch {f}")
         rs.kv_blocks[idx] += need
         inst.free_blocks -= total
-        newly = idx[rs.status[idx] == Status.WAITING]
-        if newly.size:
-            self._admit(inst, newly, t)
+        if inst.waiting:
+            self._admit(inst, idx, t)
         inst.busy = True
         inst.inflight = (idx, tok, spec)
         inst.busy_time += dt
+        inst.last_dt = dt
         self._seq += 1
         heapq.heappush(self._iter, (t + dt, self._seq, inst.id))
 
-    def _admit(self, inst: Instance, newly: np.ndarray, t: float) -> None:
+    def _admit(self, inst: Instance, idx: np.ndarray, t: float) -> None:
+        """Waiting requests of a batch join the running set."""
         rs = self.rs
+        newly = idx[rs.status[idx] == _WAITING]
+        if not newly.size:
+            return
         for r in newly.tolist():
             inst.waiting.remove(r)
             inst.running.append(r)
-        rs.status[newly] = Status.RUNNING
+        rs.status[newly] = _RUNNING
         first = newly[np.isnan(rs.first_scheduled[newly])]
         rs.first_scheduled[first] = t
 
@@ -389,89 +407,172 @@ class Simulator:
             h = min(h, self._iter[0][0])
         return h
 
-    def _fast_forward(self, inst: Instance, idx: np.ndarray, t: float) -> float | None:
-        """Apply the steady decode iterations that end before the horizon; return the new time or None."""
-        rs = self.rs
-        nc0 = rs.num_computed[idx]
-        if (((rs.num_tokens[idx] - nc0) != 1).any() or (rs.status[idx] != Status.RUNNING).any()
-                or (self._skind[rs.stage[idx]] != _DECODE).any()):
-            return None
-        m_max = int((rs.stage_len[idx] - rs.gen_in_stage[idx]).min()) - 1
-        if m_max < 2:
-            return None
+    def _fast_forward(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, nc0: np.ndarray,
+                      rem: np.ndarray, t: float) -> Generator[tuple, Any, tuple[float, bool] | None]:
+        """Apply, in bulk, the iterations of a steady batch that end before the horizon.
+
+        A steady batch repeats with the same tokens per request: decode steps (one token each) and prefill
+        chunks that stop short of completing their prefill. Decode requests in their last stage may finish inside
+        the stretch when the scheduler's rule is unchanged by a finish (``steady_through_finish``, nothing
+        waiting, an all-decode batch, no group or global queue to wake). Returns None when nothing could be
+        applied, else ``(t, same)``: the last applied iteration's end, and whether the next iteration is known to
+        be the same batch (the stretch stopped only because the next event or a decode stage end is one
+        iteration away); otherwise the scheduler is asked again at ``t``.
+        """
         horizon = self._ff_horizon()
-        n = idx.size
-        c0 = int((nc0 + 1).sum())
-        m = min(m_max, _FF_MAX)
-        if horizon < INF:
-            dt0 = float(inst.engine.batch_time(BatchFeatures.build(
-                decode_seqs=n, decode_tokens=n, decode_ctx=c0, kv_tokens=c0))[0])
-            m = min(m, int((horizon - t) / dt0) + 2)
-        if m < 2:
+        if horizon - t < 2.0 * inst.last_dt:  # too close to the next event for two more iterations
             return None
-        ctx = c0 + n * np.arange(m, dtype=np.int64)
-        nvec = np.full(m, n, np.int64)
-        zero = np.zeros(m, np.int64)
-        dts = inst.engine.batch_time(BatchFeatures(zero, zero, zero, zero, nvec, nvec, ctx, ctx, zero))
+        rs, w = self.rs, self.w
+        stage = rs.stage[idx]
+        in_dec = self._skind[stage] == _DECODE
+        is_dec = (rem == 1) & in_dec
+        if ((rem == 1) & ~in_dec).any():
+            return None  # a prefill's last token: its completion is an event
+        all_dec = bool(is_dec.all())
+        k_max = _FF_MAX
+        k_same = 0  # a stretch of exactly this length is followed by the same batch
+        if not all_dec:
+            pre = ~is_dec
+            k_max = min(k_max, int(((rem[pre] - 1) // tok[pre]).min()))
+        dec = idx[is_dec] if not all_dec else idx
+        left = rs.stage_len[dec] - rs.gen_in_stage[dec]
+        through = (all_dec and self.policy.scheduler.steady_through_finish and not inst.waiting
+                   and not self.global_queue)
+        can_finish = np.zeros(dec.size, bool)
+        if through:
+            can_finish = (stage[is_dec] == w.stage_ptr[dec + 1] - 1) & (w.group[dec] < 0)
+        if (~can_finish).any():
+            k_stage = int(left[~can_finish].min()) - 1
+            if k_stage < k_max:
+                k_max = k_same = k_stage
+        elif dec.size:
+            k_max = min(k_max, int(left.max()))
+        if horizon < INF:
+            k_max = min(k_max, int((horizon - t) / inst.last_dt) + 2)
+        if k_max < 2:
+            return None
+        j = np.arange(k_max, dtype=np.int64)
+        m_dec = np.where(can_finish, np.minimum(left, k_max), k_max)
+        nc_dec = nc0[is_dec] if not all_dec else nc0
+        if can_finish.any():
+            active = m_dec[:, None] > j[None, :]
+            n_j = active.sum(axis=0)
+            ctx_j = ((nc_dec + 1)[:, None] * active).sum(axis=0) + j * n_j
+        else:
+            n_j = np.full(k_max, dec.size, np.int64)
+            ctx_j = int((nc_dec + 1).sum()) + j * dec.size
+        zero = np.zeros(k_max, np.int64)
+        if all_dec:
+            feats = BatchFeatures(zero, zero, zero, zero, n_j, n_j, ctx_j, ctx_j, zero)
+        else:
+            c, p0 = tok[~is_dec], nc0[~is_dec]
+            csq = int((c * c).sum())
+            kv_pre = int((p0 + c).sum()) + j * int(c.sum())
+            feats = BatchFeatures(zero + int(c.sum()), zero + c.size, int((c * (p0 + c)).sum()) + j * csq,
+                                  zero + csq, n_j, n_j, ctx_j, ctx_j + kv_pre, zero)
+        dts = inst.engine.batch_time(feats)
         ends = np.cumsum(np.concatenate(([t], dts)))[1:]
         k = int(np.searchsorted(ends, horizon, side="left"))
-        # KV: after k iterations every request holds ceil((nc0 + k) / bs) blocks; shrink k until it fits
-        kvb = rs.kv_blocks[idx]
-        bs = inst.block_size
-
-        def need(k: int) -> int:
-            return int(np.maximum(-(-(nc0 + k) // bs) - kvb, 0).sum())
-
-        if k and need(k) > inst.free_blocks:
-            lo, hi = 0, k
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if need(mid) <= inst.free_blocks:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            k = lo
+        same = k < k_max or k == k_same  # stopped by the horizon, or a decode stage ends next iteration
+        k_fit = self._ff_fit_kv(inst, idx, tok, nc0, k)
+        if k_fit < k:
+            k, same = k_fit, False
         if k < 1:
             return None
-        self._apply_decode_run(inst, idx, ends[:k], dts[:k], need(k))
-        return float(ends[k - 1])
+        yield from self._apply_run(inst, idx, tok, nc0, is_dec, all_dec, np.minimum(m_dec, k), left,
+                                   ends[:k], dts[:k])
+        return float(ends[k - 1]), same
 
-    def _apply_decode_run(self, inst: Instance, idx: np.ndarray, ends: np.ndarray, dts: np.ndarray,
-                          blocks: int) -> None:
-        """Account ``len(ends)`` decode iterations of the whole batch, token by token, in bulk."""
+    def _ff_fit_kv(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, nc0: np.ndarray, k: int) -> int:
+        """Largest k' <= k such that every request growing by k' * tokens fits in free KV blocks
+        (an upper bound on what the stretch really needs, since finishing requests stop growing)."""
+        rs, bs = self.rs, inst.block_size
+        kvb = rs.kv_blocks[idx]
+
+        def need(k: int) -> int:
+            return int(np.maximum((nc0 + k * tok + (bs - 1)) // bs - kvb, 0).sum())
+
+        if k < 1 or need(k) <= inst.free_blocks:
+            return k
+        lo, hi = 0, k
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if need(mid) <= inst.free_blocks:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _apply_run(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, nc0: np.ndarray, is_dec: np.ndarray,
+                   all_dec: bool, q: np.ndarray, left: np.ndarray, ends: np.ndarray, dts: np.ndarray) -> _Gen:
+        """Account ``len(ends)`` iterations of a steady batch exactly as stepping would, in bulk.
+
+        ``q`` is each decode request's number of tokens in the stretch (fewer than ``len(ends)`` for those that
+        finish inside it).
+        """
+        rs, bs = self.rs, inst.block_size
+        k = ends.size
+        grow = np.full(idx.size, k, np.int64) * tok
+        if all_dec:
+            grow = q.copy()
+        else:
+            grow[is_dec] = q
+        nc = nc0 + grow
+        rs.num_computed[idx] = nc
+        rs.computed_total[idx] += grow
+        new_blocks = np.maximum((nc + (bs - 1)) // bs - rs.kv_blocks[idx], 0)
+        rs.kv_blocks[idx] += new_blocks
+        inst.free_blocks -= int(new_blocks.sum())
+        if inst.waiting:
+            self._admit(inst, idx, float(ends[0] - dts[0]))
+        dec = idx if all_dec else idx[is_dec]
+        if dec.size:
+            self._emit_run(dec, q, ends)
+        inst.iterations += k
+        inst.tokens += int(grow.sum())
+        inst.busy_time = float(np.cumsum(np.concatenate(([inst.busy_time], dts)))[-1])
+        inst.last_dt = float(dts[-1])
+        self.ff_iterations += k
+        done = np.flatnonzero(q == left)
+        if done.size:  # finishes in step order: by iteration, then batch position
+            for pos in done[np.argsort(q[done], kind="stable")].tolist():
+                yield from self._end_decode_stage(int(dec[pos]), float(ends[q[pos] - 1]))
+
+    def _emit_run(self, dec: np.ndarray, q: np.ndarray, ends: np.ndarray) -> None:
+        """Per-token metrics of ``q[i]`` decode tokens of request ``dec[i]`` at times ``ends[:q[i]]``."""
         rs = self.rs
         k = ends.size
-        nc = rs.num_computed[idx] + k
-        rs.num_computed[idx] = nc
-        rs.computed_total[idx] += k
-        rs.kv_blocks[idx] = np.maximum(rs.kv_blocks[idx], -(-nc // inst.block_size))
-        inst.free_blocks -= blocks
-        tp = rs.tpot[idx]
-        kk = rs.gen_in_stage[idx]
-        g0 = ends[0] - rs.last_token[idx]
-        steps = kk[:, None] + np.arange(k, dtype=np.int64)[None, :]
-        dl = rs.dl_base[idx][:, None] + steps * tp[:, None]
-        rs.dslo_slack[idx] = np.minimum(rs.dslo_slack[idx], (dl - ends[None, :]).min(axis=1))
-        rs.final_deadline[idx] = dl[:, -1]
-        gaps = np.empty((idx.size, k))
-        gaps[:, 0] = g0
+        cols = np.arange(k, dtype=np.int64)
+        valid = cols[None, :] < q[:, None]
+        full = bool(valid.all())
+        tp = rs.tpot[dec]
+        kk = rs.gen_in_stage[dec]
+        gaps = np.empty((dec.size, k))
+        gaps[:, 0] = ends[0] - rs.last_token[dec]
         if k > 1:
             gaps[:, 1:] = np.diff(ends)[None, :]
-        gmax = gaps.max(axis=1)
-        rs.max_gap[idx] = np.maximum(rs.max_gap[idx], gmax)
-        rs.tpot_slack[idx] = np.minimum(rs.tpot_slack[idx], tp - gmax)
-        sg = np.empty((idx.size, k + 1))
-        sg[:, 0] = rs.sg_out[idx]
+        dl = rs.dl_base[dec][:, None] + (kk[:, None] + cols[None, :]) * tp[:, None]
+        slack = dl - ends[None, :]
+        sg = np.empty((dec.size, k + 1))
+        sg[:, 0] = rs.sg_out[dec]
         sg[:, 1:] = self._decay(tp[:, None] / gaps)
-        rs.sg_out[idx] = np.cumsum(sg, axis=1)[:, -1]
-        rs.last_token[idx] = ends[-1]
-        rs.gen_in_stage[idx] = kk + k
-        rs.generated[idx] += k
-        rs.num_tokens[idx] += k
-        inst.iterations += k
-        inst.tokens += k * idx.size
-        inst.busy_time = float(np.cumsum(np.concatenate(([inst.busy_time], dts)))[-1])
-        self.ff_iterations += k
+        if not full:
+            gaps = np.where(valid, gaps, -INF)
+            slack = np.where(valid, slack, INF)
+            sg[:, 1:] = np.where(valid, sg[:, 1:], 0.0)
+        last = q - 1
+        rows = np.arange(dec.size)
+        gmax = gaps.max(axis=1)
+        rs.dslo_slack[dec] = np.minimum(rs.dslo_slack[dec], slack.min(axis=1))
+        rs.final_deadline[dec] = dl[rows, last]
+        rs.max_gap[dec] = np.maximum(rs.max_gap[dec], gmax)
+        rs.tpot_slack[dec] = np.minimum(rs.tpot_slack[dec], tp - gmax)
+        rs.sg_out[dec] = np.cumsum(sg, axis=1)[:, -1]
+        rs.last_token[dec] = ends[last]
+        rs.gen_in_stage[dec] = kk + q
+        rs.generated[dec] += q
+        rs.num_tokens[dec] += q
+
 
     def _decay(self, ratio: np.ndarray) -> np.ndarray:
         """Tempo's divisive decay f = min{1, (SLO / metric)^alpha} (Eq. 2-3) from ratio = SLO / metric."""
@@ -627,6 +728,7 @@ class Simulator:
         # external: off the running set while the tool runs; its KV stays parked on the instance
         self.instances[int(rs.instance[r])].running.remove(r)
         rs.status[r] = Status.EXTERNAL
+        rs.slot[r] = -1
         self._seq += 1
         heapq.heappush(self._glob, (t + float(w.stage_delay[nxt]), self._seq, _EXT_DONE, r))
 
@@ -640,6 +742,7 @@ class Simulator:
         rs.ready[r] = t
         inst = self.instances[int(rs.instance[r])]
         rs.status[r] = Status.WAITING
+        rs.slot[r] = inst.id
         inst.waiting.append(r)
         if not inst.busy:
             yield from self._schedule(inst, t)
@@ -655,6 +758,7 @@ class Simulator:
         inst.free_blocks += int(rs.kv_blocks[r])
         rs.kv_blocks[r] = 0
         rs.num_computed[r] = 0
+        rs.slot[r] = -1
         st = rs.status[r]
         if st == Status.RUNNING:
             inst.running.remove(r)
@@ -671,6 +775,7 @@ class Simulator:
         self.log_event(t, "preempt", r, inst.id, int(rs.num_computed[r]))
         self._release(r)
         rs.status[r] = Status.WAITING
+        rs.slot[r] = inst.id
         inst.waiting.insert(0, r)
 
     def _drop(self, r: int, reason: str, t: float) -> _Gen:

@@ -46,7 +46,9 @@ class RequestState:
         i64, f64 = np.int64, np.float64
         self.status = np.zeros(n, np.int8)
         self.outcome = np.zeros(n, np.int8)
-        self.instance = np.full(n, -1, np.int32)
+        self.instance = np.full(n, -1, np.int32)       # instance it was last placed on
+        self.slot = np.full(n, -1, np.int32)           # instance it is waiting/running on now, else -1
+        self.scratch = np.zeros(n, np.int64)           # work array for batch validation
         self.be = w.best_effort.copy()                 # served in the best-effort tier
         self.stage = w.stage_ptr[:-1].copy()           # absolute index into the stage arrays
         self.stage_len = w.stage_tokens[self.stage].copy()

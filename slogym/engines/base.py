@@ -33,8 +33,18 @@ class PerfModel(ABC):
             PERF_FAMILIES[cls.family] = cls
 
     @abstractmethod
-    def batch_time(self, f: BatchFeatures) -> np.ndarray:
-        """Iteration time (s, float64, shape ``(len(f),)``) of each batch in ``f``."""
+    def batch_time(self, f: BatchFeatures, x: Any = None) -> np.ndarray:
+        """Iteration time (s, float64, shape ``(len(f),)``) of each batch in ``f``.
+
+        ``x`` is the array-ops module (``None`` = the configured NumPy/CuPy one); the simulator passes
+        :data:`slogym.engines.perf_models.SCALAR` with Python-int features to time a single batch cheaply.
+        """
+
+    def batch_time_one(self, f: BatchFeatures) -> float:
+        """Time of one batch whose features are Python ints; bit-identical to :meth:`batch_time`."""
+        from slogym.engines.perf_models import SCALAR
+
+        return float(self.batch_time(f, SCALAR))
 
     @abstractmethod
     def params(self) -> dict[str, Any]:
@@ -84,6 +94,9 @@ class EngineSpec:
 
     def batch_time(self, f: BatchFeatures) -> np.ndarray:
         return self.perf.batch_time(f)
+
+    def batch_time_one(self, f: BatchFeatures) -> float:
+        return self.perf.batch_time_one(f)
 
     def to_dict(self) -> dict[str, Any]:
         return {

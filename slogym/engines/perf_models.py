@@ -30,6 +30,42 @@ xp = numpy
 """Array module used by every ``batch_time`` (swap for ``cupy`` to evaluate on a GPU)."""
 
 
+class ScalarOps:
+    """Python-float stand-ins for the array functions the families use.
+
+    IEEE-754 ``+ - * /`` on Python floats and on NumPy float64 give the same bits, so evaluating one batch of
+    Python-int features through these ops equals the vectorized result exactly, at a fraction of the cost
+    (the simulator's per-iteration path; ``tests/test_perf_models.py`` checks the equality).
+    """
+
+    @staticmethod
+    def maximum(a: Any, b: Any) -> Any:
+        return a if a >= b else b
+
+    @staticmethod
+    def minimum(a: Any, b: Any) -> Any:
+        return a if a <= b else b
+
+    @staticmethod
+    def where(c: Any, a: Any, b: Any) -> Any:
+        return a if c else b
+
+    @staticmethod
+    def clip(v: Any, lo: Any, hi: Any) -> Any:
+        return lo if v < lo else hi if v > hi else v
+
+    @staticmethod
+    def searchsorted(grid: Any, v: Any, side: str = "left") -> int:
+        return int(numpy.searchsorted(grid, v, side=side))
+
+
+SCALAR = ScalarOps()
+
+
+def _ops(x: Any) -> Any:
+    return xp if x is None else x
+
+
 class LinearTermsPerf(PerfModel):
     """Base of families that are a fixed-order sum ``sum_i coef_i * term_i(f)`` (linear in the coefficients).
 
@@ -47,12 +83,12 @@ class LinearTermsPerf(PerfModel):
         self.coefs = {k: float(coefs[k]) for k in self.term_names}
         self._c = tuple(self.coefs[k] for k in self.term_names)
 
-    def terms(self, f: BatchFeatures) -> list[Any]:
+    def terms(self, f: BatchFeatures, x: Any = None) -> list[Any]:
         """Term arrays (float64 or int64, shape ``(m,)``) in ``term_names`` order."""
         raise NotImplementedError
 
-    def batch_time(self, f: BatchFeatures) -> Any:
-        terms = self.terms(f)
+    def batch_time(self, f: BatchFeatures, x: Any = None) -> Any:
+        terms = self.terms(f, x)
         t = terms[0] * self._c[0]
         for c, term in zip(self._c[1:], terms[1:]):
             t = t + term * c
@@ -82,7 +118,7 @@ class QuadraticPerf(LinearTermsPerf):
     family = "quadratic"
     term_names = ("c0", "c_prefill_tok", "c_prefill_sq", "c_prefill_attn", "c_decode_tok", "c_decode_ctx")
 
-    def terms(self, f: BatchFeatures) -> list[Any]:
+    def terms(self, f: BatchFeatures, x: Any = None) -> list[Any]:
         nonempty = (f.prefill_tokens + f.decode_tokens) > 0
         return [nonempty, f.prefill_tokens, f.prefill_sq, f.prefill_attn, f.decode_tokens, f.decode_ctx]
 
@@ -108,9 +144,10 @@ class LinearInteractionPerf(LinearTermsPerf):
     family = "linear-interaction"
     term_names = ("p_bl", "p_b", "p_l", "p_0", "d_bl", "d_b", "d_l", "d_0")
 
-    def terms(self, f: BatchFeatures) -> list[Any]:
-        p_mean = f.prefill_tokens / xp.maximum(f.prefill_seqs, 1)
-        d_mean = f.decode_ctx / xp.maximum(f.decode_seqs, 1)
+    def terms(self, f: BatchFeatures, x: Any = None) -> list[Any]:
+        X = _ops(x)
+        p_mean = f.prefill_tokens / X.maximum(f.prefill_seqs, 1)
+        d_mean = f.decode_ctx / X.maximum(f.decode_seqs, 1)
         return [f.prefill_tokens, f.prefill_seqs, p_mean, f.prefill_seqs > 0,
                 f.decode_ctx, f.decode_seqs, d_mean, f.decode_seqs > 0]
 
@@ -131,27 +168,28 @@ class RooflinePerf(PerfModel):
         self.k1, self.k2, self.b = [float(v) for v in k1], [float(v) for v in k2], [float(v) for v in b]
         self._pieces = tuple(zip(self.k1, self.k2, self.b))
 
-    def batch_time(self, f: BatchFeatures) -> Any:
+    def batch_time(self, f: BatchFeatures, x: Any = None) -> Any:
+        X = _ops(x)
         tokens = f.prefill_tokens + f.decode_tokens
         t = None
         for k1, k2, b in self._pieces:
             piece = tokens * k1 + f.spec_steps * k2 + b
-            t = piece if t is None else xp.maximum(t, piece)
-        return xp.where(tokens > 0, t, 0.0)
+            t = piece if t is None else X.maximum(t, piece)
+        return X.where(tokens > 0, t, 0.0)
 
     def params(self) -> dict[str, Any]:
         return {"k1": self.k1, "k2": self.k2, "b": self.b}
 
 
-def _interp_index(grid: Any, v: Any) -> tuple[Any, Any]:
+def _interp_index(grid: Any, v: Any, X: Any) -> tuple[Any, Any]:
     """Cell index and weight for linear interpolation on an ascending grid.
 
     Below the first point the weight is clamped to 0 (flat); above the last point the last cell's slope is
     extended (linear extrapolation), so a table that grows at its edge keeps growing.
     """
-    i = xp.clip(xp.searchsorted(grid, v, side="right") - 1, 0, grid.shape[0] - 2)
+    i = X.clip(X.searchsorted(grid, v, side="right") - 1, 0, grid.shape[0] - 2)
     lo = grid[i]
-    w = xp.maximum((v - lo) / (grid[i + 1] - lo), 0.0)
+    w = X.maximum((v - lo) / (grid[i + 1] - lo), 0.0)
     return i, w
 
 
@@ -175,14 +213,15 @@ class TablePerf(PerfModel):
             raise ValueError("table: grids must be strictly increasing and times finite")
         self._tg, self._kg, self._tt = xp.asarray(tg), xp.asarray(kg), xp.asarray(tt)
 
-    def batch_time(self, f: BatchFeatures) -> Any:
+    def batch_time(self, f: BatchFeatures, x: Any = None) -> Any:
+        X = _ops(x)
         tokens = f.prefill_tokens + f.decode_tokens
-        i, wi = _interp_index(self._tg, tokens)
-        j, wj = _interp_index(self._kg, f.kv_tokens)
+        i, wi = _interp_index(self._tg, tokens, X)
+        j, wj = _interp_index(self._kg, f.kv_tokens, X)
         tt = self._tt
         lo = tt[i, j] + (tt[i, j + 1] - tt[i, j]) * wj
         hi = tt[i + 1, j] + (tt[i + 1, j + 1] - tt[i + 1, j]) * wj
-        return xp.where(tokens > 0, lo + (hi - lo) * wi, 0.0)
+        return X.where(tokens > 0, lo + (hi - lo) * wi, 0.0)
 
     def params(self) -> dict[str, Any]:
         return {"tokens_grid": numpy.asarray(self._tg).tolist(), "kv_grid": numpy.asarray(self._kg).tolist(),
@@ -252,15 +291,16 @@ class AnalyticPerf(PerfModel):
         self._lm_c = 2.0 * h * q["vocab"] / tp / flops_mm
         self._lm_w = h * q["vocab"] / tp * db / bw_lin
 
-    def batch_time(self, f: BatchFeatures) -> Any:
+    def batch_time(self, f: BatchFeatures, x: Any = None) -> Any:
+        X = _ops(x)
         tokens = f.prefill_tokens + f.decode_tokens
-        t = xp.maximum(tokens * self._lin_c, tokens * self._lin_a + self._lin_w)
+        t = X.maximum(tokens * self._lin_c, tokens * self._lin_a + self._lin_w)
         t = t + tokens * self._tok
-        t = t + xp.maximum(f.prefill_attn * self._pf_c, f.prefill_tokens * self._pf_b)
+        t = t + X.maximum(f.prefill_attn * self._pf_c, f.prefill_tokens * self._pf_b)
         t = t + f.decode_ctx * self._dec
         t = t + ((f.prefill_tokens > 0) * self._attn_fix + (f.decode_seqs > 0) * self._attn_fix)
-        t = t + xp.maximum((f.prefill_seqs + f.decode_tokens) * self._lm_c, self._lm_w)
-        return xp.where(tokens > 0, t + self._fixed, 0.0)
+        t = t + X.maximum((f.prefill_seqs + f.decode_tokens) * self._lm_c, self._lm_w)
+        return X.where(tokens > 0, t + self._fixed, 0.0)
 
     def attention_layer_time(self, f: BatchFeatures) -> Any:
         """Attention kernel time of one layer on one GPU (the terms ``attention.csv`` measures)."""

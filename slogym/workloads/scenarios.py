@@ -455,8 +455,10 @@ class ScenarioSpec:
     source        paper + table the statistics and SLOs come from
     apps          application classes with their shares of arrivals
     arrival       "poisson", or an :data:`~slogym.workloads.arrivals.PATTERNS` fingerprint ("chat", "code")
-    default_rate  requests/s for one llama3-8b-h100 replica (moderate load, see docs/scenarios.md)
+    default_rate  requests/s for one llama3-8b-h100 replica: ~80 % of the measured serving capacity of the better
+                  of Sarathi and vLLM (docs/scenarios.md "Calibration")
     slo_presets   accepted string values of ``slo=``
+    calibration   where ``default_rate`` comes from: engine, measured capacities, date, command
     """
 
     name: str
@@ -467,6 +469,7 @@ class ScenarioSpec:
     default_rate: float
     default_n: int
     slo_presets: tuple[str, ...] = ("paper",)
+    calibration: str = ""
 
     def arrivals(self, rate: float, n: int | None, duration: float | None, rng: np.random.Generator) -> np.ndarray:
         if self.arrival == "poisson":

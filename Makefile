@@ -1,0 +1,32 @@
+# Two commands do all the set-up on a fresh machine (see README):
+#   make run   -- create .venv, install slogym, compare baselines on the embedded default scenario
+#   make test  -- install the dev dependencies and run the test suite (what CI runs, via .ci/run)
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
+
+.PHONY: run test bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.core: pyproject.toml | $(BIN)/python
+	$(PIP) -e .
+	touch $@
+
+$(VENV)/.dev: pyproject.toml $(VENV)/.core
+	$(PIP) -e ".[dev]"
+	touch $@
+
+run: $(VENV)/.core
+	$(BIN)/python -m slogym.compare
+
+test: $(VENV)/.dev
+	$(BIN)/python -m pytest tests
+
+bench: $(VENV)/.core
+	taskset -c 0 $(BIN)/python scripts/bench/sim_speed.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,75 @@
+"""Simulator speed on a real trace: simulated requests and iterations per wall second, peak RSS, and the
+speed-up of fast-forward over step-by-step measured in the same run.
+
+Replays ``azure_conv_2023`` (from ../shared/traces) with Sarathi-Serve on one instance of llama3-8b-h100 at
+a rate scale giving ~70% engine utilization (busy fraction), by default. Run on one core:
+
+    taskset -c 0 .venv/bin/python scripts/bench/sim_speed.py [--rows N] [--rate-scale X] [--policy sarathi]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from slogym.baselines import make_policy
+from slogym.core.request import Workload
+from slogym.core.simulator import Simulator
+from slogym.engines.registry import get_engine
+from slogym.workloads.readers import read_trace
+
+TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "azure_conv_2023.csv.gz"
+
+
+def workload(rows: int | None, rate_scale: float) -> Workload:
+    tr = read_trace(TRACE, limit=rows)
+    # chat SLOs for attainment reporting only (TTFT 1 s, TPOT 100 ms); the speed figure does not depend on them
+    return Workload.two_stage(tr.arrival / rate_scale, tr.input_tokens, tr.output_tokens, 1.0, 0.1,
+                              name=f"azure_conv_2023x{rate_scale}")
+
+
+def run(w: Workload, engine_name: str, policy: str, ff: bool) -> tuple[float, dict]:
+    eng = get_engine(engine_name)
+    sim = Simulator(w, eng, make_policy(policy, eng), fast_forward=ff)
+    t0 = time.perf_counter()
+    sim.run()
+    wall = time.perf_counter() - t0
+    return wall, sim.result().summary
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=None, help="first N trace rows (default: all 19,366)")
+    ap.add_argument("--rate-scale", type=float, default=1.0, help="arrival-rate multiplier")
+    ap.add_argument("--engine", default="llama3-8b-h100")
+    ap.add_argument("--policy", default="sarathi")
+    ap.add_argument("--no-step", action="store_true", help="skip the step-by-step reference run")
+    args = ap.parse_args()
+    if not TRACE.exists():
+        print(f"trace not found: {TRACE} (needs ../shared beside the repo)", file=sys.stderr)
+        return 2
+    w = workload(args.rows, args.rate_scale)
+    wall, s = run(w, args.engine, args.policy, ff=True)
+    n = s["n_requests"]
+    print(f"trace azure_conv_2023 rows={n} rate_scale={args.rate_scale} engine={args.engine} policy={args.policy}")
+    print(f"utilization (busy fraction) {s['utilization']:.2f}  attainment {s['attainment']:.3f}  "
+          f"iterations {s['iterations']} (fast-forwarded {s['ff_iterations']})")
+    print(f"fast-forward : {wall:7.2f} s  {n / wall:9.0f} simulated req/s  {s['iterations'] / wall:9.0f} iterations/s")
+    if not args.no_step:
+        wall_step, s_step = run(w, args.engine, args.policy, ff=False)
+        same = all(s[k] == s_step[k] for k in ("attainment", "goodput", "service_gain", "iterations"))
+        print(f"step-by-step : {wall_step:7.2f} s  {n / wall_step:9.0f} simulated req/s  "
+              f"{s_step['iterations'] / wall_step:9.0f} iterations/s")
+        print(f"fast-forward speed-up {wall_step / wall:.2f}x  (identical summary: {same})")
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS {rss_mb:.0f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

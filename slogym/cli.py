@@ -1,0 +1,444 @@
+"""The ``slogym`` command line (see ``docs/cli.md``).
+
+Subcommands: ``simulate`` (one run, printed summary or ``--json``, per-request Parquet with ``--out``),
+``scenarios`` / ``policies`` / ``engines`` (what the names mean), ``profile fit`` (perf-model preset from
+profile records). A usage error -- unknown name, bad value, unreadable file -- prints one line to stderr and exits
+with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import math
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import numpy as np
+
+from slogym import __version__
+
+PROG = "slogym"
+FAMILY_ONLY = {"pieces": "roofline", "fixed": "analytic"}  # profile-fit flags that apply to one family
+
+
+class UsageError(Exception):
+    """A bad command line or input file: reported as one line on stderr, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Reports parse errors as one line (instead of usage + message) so every usage error looks alike."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+# ---------------------------------------------------------------------------------------------- value parsing
+def _bounded(cast: Callable[[str], float], low: float, strict: bool = False) -> Callable[[str], Any]:
+    """argparse ``type=``: a finite ``cast`` value ``>= low`` (``> low`` if ``strict``)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = cast(text)
+        except ValueError:
+            kind = "an integer" if cast is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}") from None
+        if not math.isfinite(value) or value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _slo(text: str) -> float | str:
+    """argparse ``type=`` of ``--slo``: a float scale, else a preset name (checked by the scenario)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def parse_value(raw: str) -> bool | int | float | str:
+    """``true``/``false`` (any case) -> bool, then int, then float, else the string itself."""
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    for cast in (int, float):
+        try:
+            return cast(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def parse_params(items: Sequence[str]) -> dict[str, Any]:
+    """``["key=value", ...]`` -> ``{key: parse_value(value)}``."""
+    params = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise UsageError(f"bad --param {item!r}; expected key=value, e.g. token_budget=256")
+        params[key] = parse_value(raw)
+    return params
+
+
+def _check_choice(kind: str, value: str, valid: Sequence[str]) -> None:
+    if value not in valid:
+        raise UsageError(f"unknown {kind} {value!r}; valid: {', '.join(valid)}")
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with NumPy scalars as Python numbers, tuples as lists and NaN/inf as ``None``."""
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(json_safe(obj), allow_nan=False))
+
+
+def _print_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
+    cells = [[str(r[c]) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    for row in [list(columns), *cells]:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+
+
+def _check_out_dir(path: str) -> None:
+    if not Path(path).resolve().parent.is_dir():
+        raise UsageError(f"--out {path!r}: directory {str(Path(path).parent)!r} does not exist")
+
+
+def _load_engine(name: str) -> Any:
+    """A shipped preset by name or a preset JSON file by path."""
+    from slogym.engines.registry import get_engine, list_engines
+
+    if name.endswith(".json") and not Path(name).is_file():
+        raise UsageError(f"engine preset file not found: {name!r}")
+    if not name.endswith(".json") and name not in list_engines():
+        raise UsageError(f"unknown engine {name!r}; valid: {', '.join(list_engines())}, or a preset .json path")
+    try:
+        return get_engine(name)
+    except (ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"cannot load engine preset {name!r}: {e}") from None
+
+
+# ---------------------------------------------------------------------------------------------- simulate
+def _make_policy(name: str, engine: Any, router: str | None, params: dict[str, Any]) -> Any:
+    from slogym.baselines import make_policy
+
+    try:
+        return make_policy(name, engine, router=router, **params)
+    except (TypeError, ValueError) as e:
+        sched = type(make_policy(name, engine).scheduler)
+        accepted = [p for p in inspect.signature(sched.__init__).parameters if p != "self"]
+        bad = ", ".join(f"{k}={v!r}" for k, v in params.items())
+        raise UsageError(f"bad --param for policy {name!r} ({bad}): {e}; accepted: {', '.join(accepted)}") from None
+
+
+def _fmt(x: Any, scale: float = 1.0, spec: str = ".1f") -> str:
+    return "n/a" if x is None or not math.isfinite(x) else format(x * scale, spec)
+
+
+def _pct(x: float) -> str:
+    return _fmt(x, 100.0) + "%"
+
+
+def _counts(d: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in d.items()) or "none"
+
+
+def _shares(d: dict[str, float]) -> str:
+    return ", ".join(f"{k} {_pct(v)}" for k, v in d.items()) or "n/a"
+
+
+def format_summary(s: dict[str, Any], header: str) -> str:
+    """The human-readable report of a run summary (``RunResult.summary``)."""
+    modes = " | ".join(f"{m} {_pct(v)}" for m, v in s["attainment_modes"].items())
+    lat = [f"{'latency (ms)':<18}{'p50':>10}{'p90':>10}{'p99':>10}{'mean':>10}"]
+    for key, label in (("ttft", "TTFT"), ("tpot", "TPOT (mean/req)"), ("ttlt", "TTLT")):
+        lat.append(f"  {label:<16}" + "".join(f"{_fmt(s[f'{key}_{q}'], 1e3):>10}"
+                                             for q in ("p50", "p90", "p99", "mean")))
+    rps = s.get("requests_per_wall_second")
+    lines = [
+        header,
+        f"{'attainment':<18}{_pct(s['attainment'])} ({s['attainment_mode']})   [{modes}]",
+        f"{'  by app':<18}{_shares(s['attainment_by_app'])}",
+        f"{'  by tier':<18}{_shares(s['attainment_by_tier'])}",
+        *lat,
+        f"{'goodput':<18}{_fmt(s['goodput'], spec='.3f')} req/s",
+        f"{'throughput':<18}{_fmt(s['throughput'], spec='.3f')} req/s, "
+        f"{_fmt(s['token_throughput'])} tokens/s",
+        f"{'service gain':<18}{_fmt(s['service_gain'])} ({_fmt(s['service_gain_rate'])}/s)",
+        f"{'SA objective':<18}{_fmt(s['sa_objective'], spec='.4f')}",
+        f"{'cost':<18}{_fmt(s['cost_instance_seconds'])} instance-seconds "
+        f"(utilization {_pct(s['utilization'])})",
+        f"{'outcomes':<18}{_counts(s['outcomes'])}",
+        f"{'dropped reasons':<18}{_counts(s['dropped_reasons'])}",
+        f"{'preemptions':<18}{s['preemptions']} ({s['recomputed_tokens']} tokens recomputed)",
+        f"{'simulated':<18}{_fmt(s['sim_seconds'])} s, {s['iterations']} iterations "
+        f"({s['ff_iterations']} fast-forwarded)",
+        f"{'wall time':<18}{_fmt(s['wall_seconds'], spec='.2f')} s "
+        f"({_fmt(rps, spec='.0f')} simulated requests per wall second)",
+    ]
+    return "\n".join(lines)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from slogym.baselines import ROUTERS, list_policies
+    from slogym.core.simulator import Simulator
+    from slogym.workloads.scenarios import SCENARIOS, list_scenarios, make_workload
+
+    _check_choice("scenario", args.scenario, list_scenarios())
+    _check_choice("policy", args.policy, list_policies())
+    if args.router is not None:
+        _check_choice("router", args.router, list(ROUTERS))
+    params = parse_params(args.param)
+    if args.trace is not None and not Path(args.trace).is_file():
+        raise UsageError(f"trace file not found: {args.trace!r}")
+    if args.out is not None:
+        _check_out_dir(args.out)
+    engine = _load_engine(args.engine)
+    policy = _make_policy(args.policy, engine, args.router, params)
+    try:
+        workload = make_workload(args.scenario, rate=args.rate, n_requests=args.requests, duration=args.duration,
+                                 seed=args.seed, trace=args.trace, slo=args.slo, engine=engine)
+    except (OSError, ValueError) as e:  # TraceFormatError is a ValueError naming file, row and field
+        raise UsageError(str(e).splitlines()[0]) from None
+
+    progress = not (args.json or args.no_progress) and sys.stderr.isatty()
+    sim = Simulator(workload, engine, policy, args.instances, seed=args.seed, attainment=args.attainment,
+                    progress=progress)
+    result = sim.run().result()
+    if args.out is not None:
+        result.to_parquet(args.out)
+    if args.json:
+        _print_json(result.summary)
+        return 0
+    if args.rate is not None:
+        rate = f"{args.rate:g} req/s"
+    else:
+        rate = "trace timestamps" if args.trace else f"{SCENARIOS[args.scenario].default_rate:g} req/s (default)"
+    source = f" (trace {args.trace})" if args.trace else ""
+    header = (f"{args.scenario}{source} | policy {args.policy} | {args.instances} x {engine.name} | rate {rate} | "
+              f"{len(workload)} requests | seed {args.seed}")
+    print(format_summary(result.summary, header))
+    if args.out is not None:
+        print(f"{'records':<18}{args.out} ({len(result.records)} rows)")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- listings
+def cmd_scenarios(args: argparse.Namespace) -> int:
+    from slogym.workloads.scenarios import SCENARIOS
+
+    rows = [{"name": s.name, "description": s.description, "default_rate": s.default_rate,
+             "default_requests": s.default_n, "slo_presets": list(s.slo_presets), "source": s.source}
+            for s in SCENARIOS.values()]
+    if args.json:
+        _print_json(rows)
+    else:
+        _print_table(rows, ("name", "default_rate", "description", "source"))
+    return 0
+
+
+def cmd_policies(args: argparse.Namespace) -> int:
+    from slogym.baselines import POLICY_DESCRIPTIONS
+
+    rows = [{"name": k, "description": v} for k, v in POLICY_DESCRIPTIONS.items()]
+    if args.json:
+        _print_json(rows)
+    else:
+        _print_table(rows, ("name", "description"))
+    return 0
+
+
+def _engine_source(provenance: dict[str, Any]) -> str:
+    """Where a preset's numbers come from: an explicit source, else the profile it was fitted on."""
+    fit = provenance.get("fit")
+    fitted_on = fit.get("fitted_on") if isinstance(fit, dict) else None
+    return str(provenance.get("source") or fitted_on or provenance.get("profile") or "unknown")
+
+
+def cmd_engines(args: argparse.Namespace) -> int:
+    from slogym.engines.registry import get_engine, list_engines
+
+    rows = []
+    for name in list_engines():
+        e = get_engine(name)
+        rows.append({"name": name, "model": e.model, "gpu": e.gpu, "tp": e.tp, "family": e.perf.family,
+                     "kv_tokens": e.kv_capacity_tokens, "source": _engine_source(e.provenance)})
+    if args.json:
+        _print_json(rows)
+    else:
+        _print_table(rows, ("name", "model", "gpu", "tp", "family", "kv_tokens", "source"))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- profile
+def cmd_profile_fit(args: argparse.Namespace) -> int:
+    from slogym.engines.fitting import fit_profile
+    from slogym.engines.perf_models import AnalyticPerf
+
+    for flag, family in FAMILY_ONLY.items():
+        if getattr(args, flag) is not None and args.family != family:
+            raise UsageError(f"--{flag} applies to --family {family} only, not {args.family!r}")
+    if args.holdout >= 1.0:
+        raise UsageError(f"--holdout must be < 1, got {args.holdout!r}")
+    if not Path(args.records).is_file():
+        raise UsageError(f"records file not found: {args.records!r}")
+    _check_out_dir(args.out)
+    base = _load_engine(args.base) if args.base else None
+    options: dict[str, Any] = {} if args.pieces is None else {"pieces": args.pieces}
+    meta = ({"model": "unknown", "gpu": "unknown", "tp": 1, "kv_capacity_tokens": None, "kv_bytes_per_token": 0}
+            if base is None else {k: getattr(base, k) for k in
+                                  ("model", "gpu", "tp", "kv_capacity_tokens", "kv_bytes_per_token")})
+    given = {"model": args.model, "gpu": args.gpu, "tp": args.tp, "kv_capacity_tokens": args.kv_tokens,
+             "kv_bytes_per_token": args.kv_bytes_per_token}
+    meta |= {k: v for k, v in given.items() if v is not None}
+    if meta["kv_capacity_tokens"] is None:
+        raise UsageError("--kv-tokens is required without --base (the preset's KV capacity in tokens)")
+    if args.family == "analytic":
+        if base is None or base.perf.family != "analytic":
+            raise UsageError("--family analytic needs --base ENGINE, an analytic preset whose architecture and "
+                             "GPU numbers seed the fit (e.g. --base llama3-8b-h100)")
+        fixed = tuple(x for x in (args.fixed or "").split(",") if x)
+        for name in fixed:
+            _check_choice("--fixed parameter", name, AnalyticPerf.fit_names)
+        options |= {"init": base.perf.params() | {"tp": float(meta["tp"])}, "fixed": fixed}
+    try:
+        preset = fit_profile(args.records, args.family, engine_name=args.name or Path(args.out).stem,
+                             holdout=args.holdout, seed=args.seed, **meta, **options)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{args.records}: {e}") from None
+    if base is not None:
+        preset.update(block_size=base.block_size, max_num_seqs=base.max_num_seqs,
+                      max_num_batched_tokens=base.max_num_batched_tokens)
+    Path(args.out).write_text(json.dumps(json_safe(preset), indent=1) + "\n")
+    report = preset["provenance"]["fit"]
+    if args.json:
+        _print_json(report | {"out": args.out})
+        return 0
+    print(f"fitted {args.family} on {report['n_train']} of {report['n_rows']} rows "
+          f"({report['n_holdout']} held out)")
+    print(f"train MAPE     {report['train_mape_pct']:.2f}%")
+    held = report["holdout_mape_pct"]
+    print(f"held-out MAPE  {held:.2f}%" if held is not None else "held-out MAPE  n/a (no rows held out: --holdout 0)")
+    print(f"wrote {args.out} (use it with --engine {args.out})")
+    return 0
+
+
+def cmd_profile_run(args: argparse.Namespace) -> int:
+    raise UsageError("'profile run' needs the live-vLLM profiler, which is not built yet; profile with your own "
+                     "tool and fit the records with 'slogym profile fit'")
+
+
+# ---------------------------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    """The full ``slogym`` argument parser."""
+    import slogym.engines.perf_models  # noqa: F401  (registers the perf-model families)
+    from slogym.core.simulator import ATTAINMENT_MODES
+    from slogym.engines.base import PERF_FAMILIES
+
+    p = _Parser(prog=PROG, description="Gymnasium environments and a fast simulator for multi-SLO LLM serving.")
+    p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("simulate", help="run one policy on one scenario and print the summary",
+                       description="Run one policy on one scenario and print attainment, latency, goodput, cost.")
+    s.add_argument("--scenario", default="chatbot", metavar="NAME",
+                   help="scenario name (slogym scenarios); default chatbot")
+    s.add_argument("--policy", default="vllm", metavar="NAME", help="policy name (slogym policies); default vllm")
+    s.add_argument("--engine", default="llama3-8b-h100", metavar="NAME",
+                   help="engine preset name (slogym engines) or preset .json path; default llama3-8b-h100")
+    s.add_argument("--rate", type=_bounded(float, 0.0, strict=True), metavar="R",
+                   help="requests/s; drives the generator or rescales the trace (default: scenario's rate, "
+                        "or the trace's own timestamps)")
+    s.add_argument("--trace", metavar="FILE", help="trace file (azure, burstgpt, mooncake, length table)")
+    n = s.add_mutually_exclusive_group()
+    n.add_argument("--requests", type=_bounded(int, 1), metavar="N", help="number of requests (default: scenario's)")
+    n.add_argument("--duration", type=_bounded(float, 0.0, strict=True), metavar="S", help="seconds of arrivals")
+    s.add_argument("--instances", type=_bounded(int, 1), default=1, metavar="N", help="number of replicas; default 1")
+    s.add_argument("--seed", type=_bounded(int, 0), default=0, metavar="N", help="random seed; default 0")
+    s.add_argument("--router", metavar="NAME", help="override the policy's router: round-robin, random, least-load")
+    s.add_argument("--attainment", choices=ATTAINMENT_MODES, default="dslo",
+                   help="SLO judging mode; default dslo")
+    s.add_argument("--slo", type=_slo, default="paper", metavar="PRESET|SCALE",
+                   help="SLO preset (paper, tight, loose) or a float scale; default paper")
+    s.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="policy parameter, repeatable (values parsed as bool, int, float, else string)")
+    s.add_argument("--out", metavar="FILE", help="write one row per request to this Parquet file")
+    s.add_argument("--json", action="store_true", help="print the summary as one JSON object, nothing else")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar (it goes to stderr, TTY only)")
+    s.set_defaults(func=cmd_simulate)
+
+    for name, func, what in (("scenarios", cmd_scenarios, "scenario presets"),
+                             ("policies", cmd_policies, "baseline policies and routers"),
+                             ("engines", cmd_engines, "shipped engine presets")):
+        c = sub.add_parser(name, help=f"list {what}", description=f"List the {what}.")
+        c.add_argument("--json", action="store_true", help="print a JSON array of objects")
+        c.set_defaults(func=func)
+
+    prof = sub.add_parser("profile", help="fit perf-model presets from profile records",
+                          description="Build engine presets from profiled iterations.")
+    psub = prof.add_subparsers(dest="profile_command", required=True, metavar="ACTION")
+    f = psub.add_parser("fit", help="fit a perf-model family to a records CSV and write a preset JSON",
+                        description="Fit a perf-model family to profile records (one row per iteration: "
+                                    "BatchFeatures columns + time_s) and write an engine preset.")
+    f.add_argument("records", metavar="RECORDS.csv", help="one row per measured iteration")
+    f.add_argument("--family", required=True, choices=sorted(PERF_FAMILIES), help="perf-model family to fit")
+    f.add_argument("--out", required=True, metavar="PRESET.json", help="where to write the preset")
+    f.add_argument("--name", help="preset name (default: the --out file's stem)")
+    f.add_argument("--base", metavar="ENGINE",
+                   help="preset whose model, gpu, tp, KV and batch limits the new one inherits (required for "
+                        "--family analytic: its architecture/GPU numbers and starting values)")
+    f.add_argument("--model", help="model name (default: --base's, else unknown)")
+    f.add_argument("--gpu", help="GPU name (default: --base's, else unknown)")
+    f.add_argument("--tp", type=_bounded(int, 1), metavar="N",
+                   help="tensor-parallel degree (default: --base's, else 1)")
+    f.add_argument("--kv-tokens", type=_bounded(int, 1), metavar="N",
+                   help="KV capacity in tokens (required without --base)")
+    f.add_argument("--kv-bytes-per-token", type=_bounded(int, 0), metavar="B",
+                   help="KV bytes per token (default: --base's)")
+    f.add_argument("--holdout", type=_bounded(float, 0.0), default=0.2, metavar="F",
+                   help="fraction of rows held out for the reported error; default 0.2")
+    f.add_argument("--seed", type=_bounded(int, 0), default=0, metavar="N", help="seed of the holdout split; default 0")
+    f.add_argument("--pieces", type=_bounded(int, 1), metavar="K", help="roofline: number of lines (default 2)")
+    f.add_argument("--fixed", metavar="NAMES", help="analytic: comma-separated fit parameters kept at --base's")
+    f.add_argument("--json", action="store_true", help="print the fit report as one JSON object")
+    f.set_defaults(func=cmd_profile_fit)
+    r = psub.add_parser("run", help="(not built yet) profile a live vLLM engine",
+                        description="Profile a live vLLM engine. Not built yet: exits with status 2.")
+    r.set_defaults(func=cmd_profile_run)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``slogym``; returns the exit status."""
+    try:
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as e:  # --help / --version
+            return int(e.code or 0)
+        return args.func(args)
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # output piped into e.g. `head`: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

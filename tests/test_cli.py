@@ -1,0 +1,206 @@
+"""The ``slogym`` command line: every subcommand, JSON/Parquet schemas, usage errors, the installed entry point."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from slogym import __version__
+from slogym.baselines import list_policies
+from slogym.cli import main
+from slogym.core.batch import BatchFeatures
+from slogym.engines.perf_models import QuadraticPerf
+from slogym.engines.registry import get_engine, list_engines
+from slogym.workloads.scenarios import list_scenarios
+
+RUN = ["simulate", "--scenario", "chatbot", "--policy", "sarathi", "--rate", "2.0", "--engine", "llama3-8b-h100",
+       "--requests", "200"]
+SUMMARY_KEYS = {"attainment", "goodput", "throughput", "service_gain", "cost_instance_seconds", "n_requests",
+                "wall_seconds"}
+RECORD_COLUMNS = {"request_id", "app", "tier", "arrival", "ttft", "max_tpot", "ttlt", "slo_met", "outcome",
+                  "service_gain", "instance"}
+OUTCOMES = {"finished", "rejected", "best_effort", "dropped", "failed"}
+TRUTH = QuadraticPerf(c0=0.01, c_prefill_tok=5e-5, c_prefill_sq=0.0, c_prefill_attn=2e-9, c_decode_tok=1e-4,
+                      c_decode_ctx=4e-8)
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def batches(n: int, seed: int = 0) -> BatchFeatures:
+    rng = np.random.default_rng(seed)
+    chunk = rng.integers(0, 2048, n)
+    past = rng.integers(0, 2048, n) * (chunk > 0)
+    ds = rng.integers(0, 64, n) + (chunk == 0)
+    ctx = ds * rng.integers(16, 4096, n)
+    return BatchFeatures.build(prefill_tokens=chunk, prefill_seqs=(chunk > 0).astype(np.int64),
+                               prefill_attn=chunk * (past + chunk), prefill_sq=chunk * chunk, decode_seqs=ds,
+                               decode_tokens=ds, decode_ctx=ctx, kv_tokens=past + chunk + ctx)
+
+
+@pytest.fixture
+def records_csv(tmp_path: Path) -> Path:
+    """Profile records timed by a known quadratic model."""
+    f = batches(300)
+    path = tmp_path / "records.csv"
+    pd.DataFrame(f._asdict()).assign(time_s=TRUTH.batch_time(f)).to_csv(path, index=False)
+    return path
+
+
+# ---- simulate ----------------------------------------------------------------------------------------------
+
+
+def test_simulate_json_is_one_object_with_required_keys(capsys):
+    rc, out, err = run_cli(capsys, *RUN, "--json")
+    assert rc == 0 and err == ""
+    s = json.loads(out)
+    assert SUMMARY_KEYS <= s.keys()
+    assert 0.0 <= s["attainment"] <= 1.0
+    assert s["n_requests"] == 200
+    assert s["goodput"] <= s["throughput"] and s["cost_instance_seconds"] > 0 and s["wall_seconds"] > 0
+    assert sum(s["outcomes"].values()) == 200
+
+
+def test_simulate_is_reproducible(capsys):
+    first = json.loads(run_cli(capsys, *RUN, "--json", "--seed", "7")[1])
+    second = json.loads(run_cli(capsys, *RUN, "--json", "--seed", "7")[1])
+    for s in (first, second):
+        for key in ("wall_seconds", "requests_per_wall_second"):
+            s.pop(key)
+    assert first == second
+
+
+def test_simulate_text_summary_and_parquet(capsys, tmp_path):
+    out_path = tmp_path / "run.parquet"
+    rc, out, err = run_cli(capsys, *RUN, "--instances", "2", "--router", "least-load",
+                           "--param", "token_budget=256", "--attainment", "strict", "--out", str(out_path))
+    assert rc == 0 and err == ""
+    for label in ("attainment", "by app", "by tier", "TTFT", "TPOT", "TTLT", "goodput", "throughput",
+                  "service gain", "SA objective", "instance-seconds", "outcomes", "dropped reasons", "preemptions",
+                  "wall time", "2 x llama3-8b-h100", str(out_path)):
+        assert label in out
+    df = pd.read_parquet(out_path)
+    assert RECORD_COLUMNS <= set(df.columns)
+    assert len(df) == 200 and df["request_id"].is_unique
+    assert set(df["outcome"]) <= OUTCOMES
+    assert df["slo_met"].dtype == bool
+    assert set(df["instance"]) <= {0, 1}
+    assert (df["slo_met"] == df["slo_met_strict"]).all()
+
+
+def test_simulate_replays_a_trace_file(capsys, tmp_path):
+    trace = tmp_path / "azure.csv"
+    stamps = pd.date_range("2023-11-16 18:00:00", periods=60, freq="500ms")
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                     + "".join(f"{t},{100 + i},{20 + i}\n" for i, t in enumerate(stamps)))
+    rc, out, _ = run_cli(capsys, "simulate", "--trace", str(trace), "--requests", "50", "--json")
+    assert rc == 0
+    assert json.loads(out)["n_requests"] == 50
+
+
+# ---- listings ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command, names, fields", [
+    ("scenarios", list_scenarios(), {"name", "description", "default_rate", "source"}),
+    ("policies", list_policies(), {"name", "description"}),
+    ("engines", list_engines(), {"name", "model", "gpu", "tp", "family", "kv_tokens", "source"}),
+])
+def test_listings(capsys, command, names, fields):
+    rc, out, _ = run_cli(capsys, command)
+    assert rc == 0 and all(name in out for name in names)
+    rc, out, _ = run_cli(capsys, command, "--json")
+    rows = json.loads(out)
+    assert rc == 0 and [r["name"] for r in rows] == names
+    assert all(fields <= r.keys() for r in rows)
+
+
+def test_engines_json_matches_presets(capsys):
+    rows = {r["name"]: r for r in json.loads(run_cli(capsys, "engines", "--json")[1])}
+    e = get_engine("llama3-8b-h100")
+    assert rows["llama3-8b-h100"] | {"source": None} == {
+        "name": "llama3-8b-h100", "model": e.model, "gpu": e.gpu, "tp": e.tp, "family": e.perf.family,
+        "kv_tokens": e.kv_capacity_tokens, "source": None}
+
+
+def test_version(capsys):
+    rc, out, _ = run_cli(capsys, "--version")
+    assert rc == 0 and out.strip() == f"slogym {__version__}"
+
+
+# ---- profile -----------------------------------------------------------------------------------------------
+
+
+def test_profile_fit_roundtrip(capsys, tmp_path, records_csv):
+    preset = tmp_path / "mine.json"
+    rc, out, _ = run_cli(capsys, "profile", "fit", str(records_csv), "--family", "quadratic", "--out", str(preset),
+                         "--kv-tokens", "200000", "--model", "toy", "--gpu", "h100")
+    assert rc == 0 and "held-out MAPE" in out
+    spec = get_engine(str(preset))
+    assert (spec.name, spec.model, spec.gpu, spec.kv_capacity_tokens) == ("mine", "toy", "h100", 200000)
+    f = batches(40, seed=1)
+    np.testing.assert_allclose(spec.batch_time(f), TRUTH.batch_time(f), rtol=1e-6)
+    rc, out, _ = run_cli(capsys, "simulate", "--engine", str(preset), "--requests", "50", "--json")
+    assert rc == 0 and json.loads(out)["engine"] == ["mine"]
+
+
+def test_profile_fit_json_inherits_from_base(capsys, tmp_path, records_csv):
+    preset = tmp_path / "roof.json"
+    rc, out, _ = run_cli(capsys, "profile", "fit", str(records_csv), "--family", "roofline", "--out", str(preset),
+                         "--base", "llama3-8b-h100", "--pieces", "2", "--json")
+    report = json.loads(out)
+    assert rc == 0 and report["family"] == "roofline" and report["holdout_mape_pct"] >= 0
+    spec, base = get_engine(str(preset)), get_engine("llama3-8b-h100")
+    assert (spec.model, spec.gpu, spec.kv_capacity_tokens) == (base.model, base.gpu, base.kv_capacity_tokens)
+
+
+# ---- usage errors ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, bad", [
+    (["simulate", "--scenario", "nope"], "'nope'; valid: chatbot"),
+    (["simulate", "--policy", "nope"], "'nope'; valid: vllm"),
+    (["simulate", "--engine", "nope"], "'nope'; valid: llama2-70b"),
+    (["simulate", "--engine", "{tmp}/missing.json"], "missing.json"),
+    (["simulate", "--rate", "-1"], "'-1'"),
+    (["simulate", "--rate", "fast"], "'fast'"),
+    (["simulate", "--requests", "0"], "'0'"),
+    (["simulate", "--trace", "{tmp}/missing.csv"], "missing.csv"),
+    (["simulate", "--trace", "{tmp}/bad.csv"], "'GeneratedTokens'"),
+    (["simulate", "--param", "token_budget"], "'token_budget'"),
+    (["simulate", "--policy", "sarathi", "--param", "bogus=1"], "bogus=1"),
+    (["simulate", "--router", "nope"], "'nope'; valid: round-robin"),
+    (["simulate", "--attainment", "nope"], "'nope'"),
+    (["simulate", "--slo", "nope"], "'nope'"),
+    (["simulate", "--out", "{tmp}/no/dir/run.parquet"], "run.parquet"),
+    (["profile", "fit", "{tmp}/missing.csv", "--family", "quadratic", "--out", "{tmp}/p.json", "--kv-tokens", "9"],
+     "missing.csv"),
+    (["profile", "fit", "{tmp}/bad.csv", "--family", "cubic", "--out", "{tmp}/p.json"], "'cubic'"),
+    (["profile", "fit", "{tmp}/bad.csv", "--family", "quadratic", "--out", "{tmp}/p.json", "--kv-tokens", "9"],
+     "time_s"),
+    (["profile", "run"], "not built yet"),
+    (["nope"], "'nope'"),
+])
+def test_bad_input_exits_2_with_one_line(capsys, tmp_path, argv, bad):
+    (tmp_path / "bad.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.97,10,abc\n")
+    rc, out, err = run_cli(capsys, *(a.replace("{tmp}", str(tmp_path)) for a in argv))
+    assert rc == 2 and out == ""
+    assert err.startswith("slogym: error: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert bad.replace("{tmp}", str(tmp_path)) in err
+
+
+def test_installed_entry_point_help():
+    exe = Path(sys.executable).parent / "slogym"
+    proc = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0
+    for command in ("simulate", "scenarios", "policies", "engines", "profile"):
+        assert command in proc.stdout
