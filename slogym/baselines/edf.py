@@ -16,18 +16,12 @@ from slogym.baselines.common import (batch_of, fill_prefill_chunks, make_room_fo
 from slogym.core.batch import Batch
 from slogym.core.instance import Instance
 from slogym.core.policy import Scheduler
-from slogym.core.request import StageKind
 
 
 def next_deadline(inst: Instance, reqs: np.ndarray) -> np.ndarray:
-    """Deadline of each request's next output token (inf for best-effort requests)."""
-    rs, w = inst.sim.rs, inst.sim.w
-    in_decode = w.stage_kind[rs.stage[reqs]] == StageKind.DECODE
-    with np.errstate(invalid="ignore"):  # inf tpot x 0 tokens in prefill stages is never selected
-        token_dl = rs.dl_base[reqs] + rs.gen_in_stage[reqs] * rs.tpot[reqs]
-    ttft_dl = rs.ready[reqs] + w.stage_ttft[rs.stage[reqs]]
-    dl = np.where(in_decode, token_dl, ttft_dl)
-    return np.where(rs.be[reqs], np.inf, dl)
+    """Deadline of each request's next output (inf for best-effort requests)."""
+    rs = inst.sim.rs
+    return np.where(rs.be[reqs], np.inf, rs.next_deadline(inst.sim.w, reqs))
 
 
 class EDFScheduler(Scheduler):

@@ -32,34 +32,40 @@ EPS = 1e-9
 PERCENTILES = (50, 90, 99)
 
 
-def slo_verdicts(sim: "Simulator") -> dict[str, np.ndarray]:
-    """Boolean SLO verdict per request in every attainment mode."""
+def slo_verdicts(sim: "Simulator", idx: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Boolean SLO verdict per request (all, or those in ``idx``) in every attainment mode."""
     rs, w = sim.rs, sim.w
-    served = (rs.outcome == Outcome.FINISHED) | (rs.outcome == Outcome.BEST_EFFORT)
-    e2e = rs.finish - w.arrival
-    ttlt_ok = e2e <= w.ttlt + EPS
-    ttft_ok = rs.ttft_slack >= -EPS
-    implied = np.where(np.isfinite(w.ttlt), w.arrival + w.ttlt, rs.final_deadline)
+    sel = slice(None) if idx is None else idx
+    outcome = rs.outcome[sel]
+    served = (outcome == Outcome.FINISHED) | (outcome == Outcome.BEST_EFFORT)
+    arrival, ttlt, finish = w.arrival[sel], w.ttlt[sel], rs.finish[sel]
+    ttlt_ok = finish - arrival <= ttlt + EPS
+    ttft_ok = rs.ttft_slack[sel] >= -EPS
+    implied = np.where(np.isfinite(ttlt), arrival + ttlt, rs.final_deadline[sel])
     modes = {
-        "strict": ttft_ok & (rs.tpot_slack >= -EPS),
-        "dslo": ttft_ok & (rs.dslo_slack >= -EPS),
-        "mean_tpot": ttft_ok & (rs.mean_slack >= -EPS),
-        "ttlt": rs.finish <= implied + EPS,
+        "strict": ttft_ok & (rs.tpot_slack[sel] >= -EPS),
+        "dslo": ttft_ok & (rs.dslo_slack[sel] >= -EPS),
+        "mean_tpot": ttft_ok & (rs.mean_slack[sel] >= -EPS),
+        "ttlt": finish <= implied + EPS,
     }
-    return {m: served & (ok & ttlt_ok | w.best_effort) for m, ok in modes.items()}
+    no_slo = w.best_effort[sel]
+    return {m: served & (ok & ttlt_ok | no_slo) for m, ok in modes.items()}
 
 
-def service_gain(sim: "Simulator") -> np.ndarray:
+def service_gain(sim: "Simulator", idx: np.ndarray | None = None) -> np.ndarray:
     """Tempo service gain per request (Eq. 1-3); 0 for requests not served."""
     rs, w = sim.rs, sim.w
+    sel = slice(None) if idx is None else idx
     wi, wo = sim.sg_weights
-    served = (rs.outcome == Outcome.FINISHED) | (rs.outcome == Outcome.BEST_EFFORT)
-    has_ttlt = np.isfinite(w.ttlt)
-    e2e = rs.finish - w.arrival
+    outcome = rs.outcome[sel]
+    served = (outcome == Outcome.FINISHED) | (outcome == Outcome.BEST_EFFORT)
+    ttlt = w.ttlt[sel]
+    has_ttlt = np.isfinite(ttlt)
+    e2e = rs.finish[sel] - w.arrival[sel]
     with np.errstate(divide="ignore", invalid="ignore"):
-        f_ttlt = sim._decay(np.where(has_ttlt, w.ttlt / e2e, np.inf))
-    full = (wi * w.input_tokens + wo * rs.generated) * f_ttlt
-    per_token = rs.sg_in + wo * rs.sg_out
+        f_ttlt = sim._decay(np.where(has_ttlt, ttlt / e2e, np.inf))
+    full = (wi * w.input_tokens[sel] + wo * rs.generated[sel]) * f_ttlt
+    per_token = rs.sg_in[sel] + wo * rs.sg_out[sel]
     return np.where(served, np.where(has_ttlt, full, per_token), 0.0)
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from enum import IntEnum
 from typing import Iterable, Sequence
 
@@ -233,21 +234,21 @@ class Workload:
         csum = np.concatenate(([0], np.cumsum(tok)))
         return csum[self.stage_ptr[1:]] - csum[self.stage_ptr[:-1]]
 
-    @property
+    @cached_property
     def input_tokens(self) -> np.ndarray:
         """Total new prompt tokens over all prefill stages, per request."""
         return self._per_request_sum(StageKind.PREFILL)
 
-    @property
+    @cached_property
     def output_tokens(self) -> np.ndarray:
         """Total output tokens over all decode stages, per request (the trace's true length)."""
         return self._per_request_sum(StageKind.DECODE)
 
-    @property
+    @cached_property
     def first_ttft(self) -> np.ndarray:
         return self.stage_ttft[self.stage_ptr[:-1]]
 
-    @property
+    @cached_property
     def min_tpot(self) -> np.ndarray:
         """Tightest TPOT over a request's decode stages (SLOs-Serve's tightest-SLO rule), ``inf`` if none."""
         tp = np.where(self.stage_kind == StageKind.DECODE, self.stage_tpot, INF)

@@ -33,14 +33,13 @@ from slogym.core.errors import SchedulerError
 from slogym.core.instance import Instance
 from slogym.core.policy import BEST_EFFORT, DEFER, REJECT, Policy
 from slogym.core.request import StageKind, Workload
-from slogym.core.state import Outcome, RequestState, Status
+from slogym.core.state import NO_TPOT, Outcome, RequestState, Status
 
 INF = math.inf
 _PREFILL, _DECODE, _EXTERNAL = int(StageKind.PREFILL), int(StageKind.DECODE), int(StageKind.EXTERNAL)
 _EXT_DONE, _RELEASE, _TIMER = 0, 1, 2
 _WAITING, _RUNNING = int(Status.WAITING), int(Status.RUNNING)
 _FF_MAX = 4096
-NO_TPOT = 1e30  # "no TPOT SLO" kept finite so that 0 * tpot never makes a NaN deadline in the hot path
 _Gen = Generator[tuple, Any, None]
 
 ATTAINMENT_MODES = ("strict", "dslo", "mean_tpot", "ttlt")
@@ -136,6 +135,7 @@ class Simulator:
         self.instances = [Instance(i, e, self) for i, e in enumerate(self.engines)]
         self.now = 0.0
         self.global_queue: list[int] = []
+        self.completed: list[int] | None = None  # when a list, every request reaching an outcome is appended
         self.events: list[tuple[float, str, int, int, int]] = []
         self.dropped_reasons: dict[str, int] = {}
         self.rng = np.random.default_rng(self.seed)
@@ -791,6 +791,8 @@ class Simulator:
         rs.outcome[r] = outcome
         rs.finish[r] = t
         self._n_done += 1
+        if self.completed is not None:
+            self.completed.append(r)
         if self._pbar is not None and self._n_done % 1024 == 0:
             self._pbar.update(1024)
         g = int(self.w.group[r])

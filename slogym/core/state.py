@@ -13,7 +13,9 @@ from enum import IntEnum
 
 import numpy as np
 
-from slogym.core.request import Workload
+from slogym.core.request import StageKind, Workload
+
+NO_TPOT = 1e30  # "no TPOT SLO" kept finite so that 0 * tpot never makes a NaN deadline in the hot path
 
 
 class Status(IntEnum):
@@ -61,7 +63,7 @@ class RequestState:
         self.recomputed = np.zeros(n, i64)            # KV tokens thrown away by preemption
         self.n_preempt = np.zeros(n, np.int32)
         self.ready = w.arrival.copy()                  # time the current segment became ready (t_ref)
-        self.tpot = np.full(n, np.inf)                 # TPOT of the current decode stage
+        self.tpot = np.full(n, NO_TPOT)                # TPOT of the current decode stage
         self.dl_base = np.full(n, np.inf)              # deadline of token k=0 of the current decode stage
         self.stage_t0 = np.full(n, np.nan)             # start of the current decode stage's gap window
         self.last_token = np.full(n, np.nan)
@@ -76,3 +78,11 @@ class RequestState:
         self.mean_slack = np.full(n, np.inf)           # min over decode stages of (tpot - mean gap)
         self.sg_in = np.zeros(n, f64)                  # Tempo service gain of input tokens (Eq. 3, first term)
         self.sg_out = np.zeros(n, f64)                 # sum over output tokens of f(SLO_TBT, TBT)
+
+    def next_deadline(self, w: Workload, idx: np.ndarray) -> np.ndarray:
+        """Deadline of each request's next output: its next token's deadline in a decode stage, the TTFT
+        deadline in a prefill stage (``inf`` without an SLO)."""
+        stage = self.stage[idx]
+        in_decode = w.stage_kind[stage] == StageKind.DECODE
+        token_dl = self.dl_base[idx] + self.gen_in_stage[idx] * self.tpot[idx]
+        return np.where(in_decode, token_dl, self.ready[idx] + w.stage_ttft[stage])

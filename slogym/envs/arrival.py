@@ -1,0 +1,134 @@
+"""Decisions taken per arriving request: ``slogym/Admission-v0`` and ``slogym/Routing-v0``.
+
+Observation (``Dict``; every entry ``float32``, clipped to [-10, 10]):
+
+=============  ======================  ===========================================================================
+key            shape                   features
+=============  ======================  ===========================================================================
+``request``    (8,)                    input tokens (log scale, see ``log_tokens``), predicted output tokens p50
+                                       and p90 (per-app history of the pool's training part, log scale),
+                                       TTFT SLO (s), tightest TPOT SLO (/100 ms), TTLT SLO (/30 s), no-SLO flag,
+                                       priority / 4
+``app``        (n_apps,)               one-hot application
+``tier``       (n_tiers,)              one-hot SLO tier
+``instances``  (n_instances, 5)        per instance: waiting prefill tokens / 8192, waiting / 64,
+                                       running / max_num_seqs, KV utilization, predicted decode-step time / 100 ms
+``slack``      (n_instances, n_tiers)  smallest next-token slack (s) of the running requests of each tier
+``recent``     (2,)                    EWMA (0.95) of recent SLO outcomes, fraction of the episode done
+=============  ======================  ===========================================================================
+
+Unbounded values (a TTFT SLO of ``inf``) appear as the clip value 10.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from slogym.core.policy import BEST_EFFORT, DEFER, REJECT
+from slogym.core.simulator import Simulator
+from slogym.envs.base import ServingEnv
+
+
+class ArrivalEnv(ServingEnv):
+    """Steps at each arrival (and each return of a deferred request): the agent's router decision."""
+
+    decision = "route"
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.observation_space = self._arrival_space()
+
+    def _configure(self, sim: Simulator) -> None:
+        sim.agent_route = True
+
+    def _observe(self) -> dict[str, np.ndarray]:
+        _, r, now = self._msg
+        return self._request_part(r) | self._cluster_part(now)
+
+    def _fits(self, r: int) -> np.ndarray:
+        """Per instance: can it ever hold request ``r``'s largest context in KV?"""
+        sim = self.sim
+        return np.array([sim._max_ctx[r] <= i.total_blocks * i.block_size for i in sim.instances])
+
+    def _check(self, action: Any) -> int:
+        a = int(np.asarray(action).reshape(-1)[0]) if np.ndim(action) else int(action)
+        if not self.action_space.contains(a):
+            raise ValueError(f"action {action!r} is not in {self.action_space}")
+        return a
+
+
+class AdmissionEnv(ArrivalEnv):
+    """``slogym/Admission-v0``: admit, serve best-effort, or reject each arriving request.
+
+    Action ``Discrete(3)``: 0 = admit (placed by the ``policy``'s router; if that router would not place it,
+    on the instance with the fewest resident requests), 1 = best-effort tier, 2 = reject.
+    ``action_masks()`` excludes admit and best-effort when no instance can ever hold the request.
+    Baselines expressible: admit-all (every baseline router); SLOs-Serve soft admission and HyperFlexis'
+    TTFT-probability admission through ``expert_action()`` once those baselines exist.
+    """
+
+    ADMIT, BEST_EFFORT, REJECT = 0, 1, 2
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.action_space = spaces.Discrete(3)
+        self._expert: tuple[int, int] | None = None
+
+    def action_masks(self) -> np.ndarray:
+        ok = bool(self._fits(self._msg[1]).any())
+        return np.array([ok, ok, True])
+
+    def expert_action(self) -> int:
+        """The ``policy`` router's admission decision for the current request."""
+        _, r, now = self._msg
+        placed = int(self.sim.policy.router.route(r, self.sim, now))
+        self._expert = (r, placed)
+        return self.BEST_EFFORT if placed == BEST_EFFORT else self.REJECT if placed == REJECT else self.ADMIT
+
+    def _to_sim_action(self, action: Any) -> int:
+        a = self._check(action)
+        if not self.action_masks()[a]:
+            raise ValueError(f"action {a} is masked out for request {self._msg[1]} (it fits on no instance)")
+        if a == self.REJECT:
+            return REJECT
+        if a == self.BEST_EFFORT:
+            return BEST_EFFORT
+        _, r, now = self._msg
+        router = self.sim.policy.router
+        placed = self._expert[1] if self._expert and self._expert[0] == r else int(router.route(r, self.sim, now))
+        self._expert = None
+        return placed if placed >= 0 else router.best_effort_instance(r, self.sim, now)
+
+
+class RoutingEnv(ArrivalEnv):
+    """``slogym/Routing-v0``: choose the instance for each arriving request, or defer it.
+
+    Action ``Discrete(n_instances + 1)``: ``i < n_instances`` places the request on instance ``i``;
+    ``n_instances`` defers it to the cluster's global queue (it is offered again, as a new step, whenever a
+    request finishes). ``action_masks()`` excludes instances that can never hold the request.
+    Baselines expressible (``expert_action()``): round-robin, random, least-load (the ``policy=`` names of
+    the same routers), and later PolyServe, SLOs-Serve sequential routing, HyperFlexis' dispatcher.
+    """
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.action_space = spaces.Discrete(self.n_instances + 1)
+
+    def action_masks(self) -> np.ndarray:
+        return np.append(self._fits(self._msg[1]), True)
+
+    def expert_action(self) -> int:
+        """The ``policy`` router's placement for the current request (defer for anything else)."""
+        _, r, now = self._msg
+        placed = int(self.sim.policy.router.route(r, self.sim, now))
+        return placed if placed >= 0 else self.n_instances
+
+    def _to_sim_action(self, action: Any) -> int:
+        a = self._check(action)
+        if not self.action_masks()[a]:
+            raise ValueError(f"action {a} is masked out for request {self._msg[1]}: instance {a} can never "
+                             f"hold it")
+        return DEFER if a == self.n_instances else a

@@ -1,0 +1,311 @@
+"""Shared machinery of the slogym environments: episodes over trace windows, reward credit, features.
+
+An environment owns a *pool* of requests (a scenario preset generated once, or a user trace with the scenario's
+SLO assignment) and plays one window of it per episode: ``reset`` picks a random window start (from the
+environment's seeded ``np_random``) inside the chosen ``split`` -- ``"train"`` is the first 80% of the pool,
+``"test"`` the last 20% (held out), ``"all"`` everything -- and replays it on a fresh simulator. The agent
+makes one kind of decision; the baseline named by ``policy=`` makes all the others.
+
+Rewards are credited when an outcome becomes known: the step during which a request finishes (or is
+rejected or dropped) receives that request's contribution, so a decision's consequences arrive later.
+
+* ``goodput``       +1 for each request that finishes within its SLO
+* ``attainment``    +1/N for each of the episode's N requests that finishes within its SLO (episode sum =
+                    attainment)
+* ``service_gain``  Tempo's service gain (Eq. 1-3) of each finished request, in thousands of weighted tokens
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Generator
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from slogym.baselines import list_policies, make_policy
+from slogym.core.batch import BatchFeatures
+from slogym.core.metrics import service_gain, slo_verdicts
+from slogym.core.request import Workload
+from slogym.core.simulator import Simulator
+from slogym.engines.base import EngineSpec
+from slogym.engines.registry import get_engine
+from slogym.workloads.predictors import EmpiricalLengthPredictor
+from slogym.workloads.scenarios import SCENARIOS, make_workload
+
+REWARDS = ("goodput", "attainment", "service_gain")
+SPLITS = ("train", "test", "all")
+TRAIN_FRACTION = 0.8
+CLIP = 10.0
+INSTANCE_FEATURES = ("queue_tokens", "waiting", "running", "kv_utilization", "iteration_time")
+"""Per-instance load features (see :func:`instance_features`)."""
+
+
+def _box(*shape: int, low: float = -CLIP, high: float = CLIP) -> spaces.Box:
+    return spaces.Box(low=low, high=high, shape=shape, dtype=np.float32)
+
+
+def log_tokens(x: Any) -> Any:
+    """Token counts on a log scale: log1p(x) / log1p(32768), ~[0, 1] for realistic lengths."""
+    return np.log1p(x) / np.log1p(32768.0)
+
+
+def instance_features(sim: Simulator) -> np.ndarray:
+    """``(n_instances, 5)``: waiting prefill tokens / 8192, waiting count / 64, running / max_num_seqs,
+    KV utilization, predicted time of a decode step of every running request / 100 ms."""
+    rs = sim.rs
+    out = np.zeros((len(sim.instances), len(INSTANCE_FEATURES)), np.float32)
+    for i, inst in enumerate(sim.instances):
+        if inst.waiting:
+            w = inst.waiting
+            out[i, 0] = float((rs.num_tokens[w] - rs.num_computed[w]).sum()) / 8192.0
+        out[i, 1] = len(inst.waiting) / 64.0
+        out[i, 2] = len(inst.running) / float(inst.engine.max_num_seqs)
+        out[i, 3] = inst.kv_utilization
+        if inst.running:
+            run = inst.running
+            ctx = int((rs.num_computed[run] + 1).sum())
+            n = len(run)
+            f = (0, 0, 0, 0, n, n, ctx, ctx, 0)
+            out[i, 4] = inst.time_one(BatchFeatures(*f)) / 0.1
+    return np.clip(out, -CLIP, CLIP)
+
+
+def tier_slack(sim: Simulator, now: float, n_tiers: int) -> np.ndarray:
+    """``(n_instances, n_tiers)``: smallest next-token slack (s) among each instance's running requests of each
+    tier (deadline of the next token minus now), ``CLIP`` when the tier has none."""
+    rs, w = sim.rs, sim.w
+    out = np.full((len(sim.instances), n_tiers), CLIP, np.float32)
+    for i, inst in enumerate(sim.instances):
+        if not inst.running:
+            continue
+        run = np.array(inst.running, dtype=np.int64)
+        slack = rs.next_deadline(w, run) - now
+        np.minimum.at(out[i], w.tier[run], np.clip(slack, -CLIP, CLIP).astype(np.float32))
+    return out
+
+
+class ServingEnv(gym.Env):
+    """Base of the decision environments; subclasses define spaces, ``_observe`` and ``_to_sim_action``.
+
+    Keyword arguments (all environments):
+        scenario     scenario preset name (``slogym scenarios``)
+        trace        path of a trace file (Azure, BurstGPT, Mooncake, length table) replayed with the scenario's
+                     SLO assignment; default: the generated preset
+        rate_scale   arrival-rate multiplier (> 0)
+        engine       engine preset name or JSON path
+        n_instances  replicas in the cluster
+        policy       baseline making every decision the agent does not (``slogym policies``)
+        reward       ``goodput`` | ``attainment`` | ``service_gain``
+        episode      requests per episode (int) or seconds of trace (float)
+        split        ``train`` | ``test`` | ``all`` -- which part of the pool episodes are drawn from
+        seed         seeds the pool and the default episode sequence
+        attainment   SLO judging mode (``dslo``, ``strict``, ``mean_tpot``, ``ttlt``)
+        pool_requests  size of a generated pool (default: max(4000, 10 x episode))
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
+    decision: ClassVar[str]
+
+    def __init__(self, scenario: str = "chatbot", trace: str | None = None, rate_scale: float = 1.0,
+                 engine: str = "llama3-8b-h100", n_instances: int = 1, policy: str = "sarathi",
+                 reward: str = "goodput", episode: int | float = 256, split: str = "all", seed: int | None = None,
+                 attainment: str = "dslo", pool_requests: int | None = None, render_mode: str | None = None) -> None:
+        if scenario not in SCENARIOS:
+            raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(sorted(SCENARIOS))}")
+        if not (isinstance(rate_scale, (int, float)) and rate_scale > 0 and np.isfinite(rate_scale)):
+            raise ValueError(f"rate_scale={rate_scale!r}; must be a positive number")
+        if n_instances < 1:
+            raise ValueError(f"n_instances={n_instances}; must be >= 1")
+        if policy not in list_policies():
+            raise ValueError(f"unknown policy {policy!r}; known: {', '.join(list_policies())}")
+        if reward not in REWARDS:
+            raise ValueError(f"unknown reward {reward!r}; known: {', '.join(REWARDS)}")
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; known: {', '.join(SPLITS)}")
+        if not episode > 0:
+            raise ValueError(f"episode={episode!r}; must be a positive request count or number of seconds")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode={render_mode!r}; known: {self.metadata['render_modes']}")
+        self.scenario, self.policy_name, self.reward_name = scenario, policy, reward
+        self.n_instances, self.episode, self.split = n_instances, episode, split
+        self.attainment, self.render_mode = attainment, render_mode
+        self.engine: EngineSpec = get_engine(engine)
+        pool_seed = 0 if seed is None else int(seed)
+        n_pool = pool_requests or max(4000, 10 * int(episode) if isinstance(episode, int) else 4000)
+        pool = make_workload(scenario, n_requests=None if trace else n_pool, seed=pool_seed, trace=trace,
+                             engine=self.engine)
+        self.pool = pool.with_arrivals(pool.arrival / rate_scale) if rate_scale != 1.0 else pool
+        cut = int(len(self.pool) * TRAIN_FRACTION)
+        self._range = {"train": (0, cut), "test": (cut, len(self.pool)), "all": (0, len(self.pool))}[split]
+        self.predictor = EmpiricalLengthPredictor(self.pool.subset(np.arange(max(cut, 1))))
+        self.n_apps, self.n_tiers = len(self.pool.app_names), len(self.pool.tier_names)
+        self._seed = seed
+        self.sim: Simulator | None = None
+        self._gen: Generator | None = None
+        self._msg: tuple | None = None
+        self._history: deque[tuple[float, np.ndarray]] = deque(maxlen=200)
+        self._last_obs: Any = None
+
+    # ------------------------------------------------------------------ episodes
+    def _window(self) -> Workload:
+        lo, hi = self._range
+        arr = self.pool.arrival
+        if isinstance(self.episode, (int, np.integer)):
+            n = int(self.episode)
+            if n > hi - lo:
+                raise ValueError(f"episode={n} requests but the {self.split!r} split holds {hi - lo}")
+            start = int(self.np_random.integers(lo, hi - n + 1))
+            idx = np.arange(start, start + n)
+        else:
+            t_lo, t_hi = arr[lo], arr[hi - 1]
+            if self.episode > t_hi - t_lo:
+                raise ValueError(f"episode={self.episode} s but the {self.split!r} split spans {t_hi - t_lo:.1f} s")
+            t0 = float(self.np_random.uniform(t_lo, t_hi - self.episode))
+            idx = np.arange(int(np.searchsorted(arr, t0)), int(np.searchsorted(arr, t0 + self.episode)))
+        w = self.pool.subset(idx, name=f"{self.scenario}[{idx[0]}:{idx[-1] + 1}]")
+        return w.with_arrivals(w.arrival - w.arrival[0])
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
+        super().reset(seed=self._seed if seed is None and self.sim is None else seed)
+        w = self._window()
+        pol = make_policy(self.policy_name, self.engine)
+        self.sim = Simulator(w, self.engine, pol, self.n_instances, seed=int(self.np_random.integers(2**31)),
+                             attainment=self.attainment)
+        self.sim.completed = []
+        self._configure(self.sim)
+        self._n_met = 0
+        self._ewma = 1.0
+        self._history.clear()
+        self._gen = self.sim.decisions()
+        self._msg = None
+        done, _ = self._advance(None)
+        if done:
+            raise RuntimeError(f"episode window of {len(w)} requests asked for no {self.decision} decision")
+        self._last_obs = self._observe()
+        return self._last_obs, self._info()
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        if self._msg is None:
+            raise RuntimeError("step() called before reset() or after the episode ended")
+        sim_action = self._to_sim_action(action)
+        done, reward = self._advance(sim_action)
+        info = self._info()
+        if done:
+            info["summary"] = self.sim.result().summary
+            self._msg = None
+        else:
+            self._last_obs = self._observe()
+        return self._last_obs, reward, done, False, info
+
+    def _advance(self, action: Any) -> tuple[bool, float]:
+        """Run the simulator to the agent's next decision; return (episode over, reward credited meanwhile)."""
+        try:
+            self._msg = self._gen.send(action) if self._msg is not None else next(self._gen)
+            while self._msg[0] != self.decision:  # pragma: no cover - envs attach exactly one decision kind
+                self._msg = self._gen.send(None)
+            done = False
+        except StopIteration:
+            done = True
+        return done, self._credit()
+
+    def _credit(self) -> float:
+        sim = self.sim
+        if not sim.completed:
+            return 0.0
+        idx = np.array(sim.completed, dtype=np.int64)
+        sim.completed.clear()
+        met = slo_verdicts(sim, idx)[sim.attainment]
+        self._n_met += int(met.sum())
+        for m in met.tolist():
+            self._ewma = 0.95 * self._ewma + 0.05 * float(m)
+        if self.reward_name == "goodput":
+            return float(met.sum())
+        if self.reward_name == "attainment":
+            return float(met.sum()) / len(sim.w)
+        return float(service_gain(sim, idx).sum()) / 1000.0
+
+    def _info(self) -> dict[str, Any]:
+        sim = self.sim
+        return {"time": sim.now, "done_requests": sim._n_done, "slo_met": self._n_met,
+                "attainment_ewma": self._ewma}
+
+    def _recent(self) -> np.ndarray:
+        sim = self.sim
+        return np.array([self._ewma, sim._n_done / max(len(sim.w), 1)], np.float32)
+
+    # ------------------------------------------------------------------ subclass hooks
+    def _configure(self, sim: Simulator) -> None:
+        raise NotImplementedError
+
+    def _observe(self) -> Any:
+        raise NotImplementedError
+
+    def _to_sim_action(self, action: Any) -> Any:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ rendering
+    def render(self) -> str | np.ndarray | None:
+        if self.render_mode is None or self.sim is None:
+            return None
+        sim = self.sim
+        loads = [(len(i.waiting), len(i.running), i.kv_utilization) for i in sim.instances]
+        self._history.append((sim.now, np.array(loads, dtype=np.float64)))
+        if self.render_mode == "ansi":
+            inst = " ".join(f"[{w}w {r}r kv{u:.0%}]" for w, r, u in loads)
+            return (f"t={sim.now:9.3f}s {self.decision:8s} done={sim._n_done}/{len(sim.w)} "
+                    f"met={self._n_met} {inst}")
+        return self._render_rgb()
+
+    def _render_rgb(self) -> np.ndarray:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        t = np.array([h[0] for h in self._history])
+        loads = np.stack([h[1] for h in self._history]) if self._history else np.zeros((0, self.n_instances, 3))
+        fig, axes = plt.subplots(2, 1, figsize=(5, 3.2), dpi=80, sharex=True)
+        for i in range(self.n_instances):
+            axes[0].plot(t, loads[:, i, 0], label=f"waiting {i}")
+            axes[0].plot(t, loads[:, i, 1], "--", label=f"running {i}")
+            axes[1].plot(t, loads[:, i, 2], label=f"KV {i}")
+        axes[0].set_ylabel("requests")
+        axes[1].set_ylabel("KV used")
+        axes[1].set_xlabel("simulated time (s)")
+        axes[0].legend(fontsize=6, loc="upper left")
+        fig.tight_layout()
+        fig.canvas.draw()
+        img = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
+        plt.close(fig)
+        return img
+
+    # ------------------------------------------------------------------ shared observation parts
+    def _request_part(self, r: int) -> dict[str, np.ndarray]:
+        """Features of request ``r`` (see the subclass docstrings)."""
+        w = self.sim.w
+        q50, q90 = self.predictor.predict(int(w.app[r]))
+        feats = np.array([
+            log_tokens(w.input_tokens[r]), log_tokens(q50), log_tokens(q90),
+            min(w.first_ttft[r], CLIP), min(w.min_tpot[r] / 0.1, CLIP), min(w.ttlt[r] / 30.0, CLIP),
+            float(w.best_effort[r]), float(w.priority[r]) / 4.0,
+        ], dtype=np.float32)
+        app = np.zeros(self.n_apps, np.float32)
+        app[w.app[r]] = 1.0
+        tier = np.zeros(self.n_tiers, np.float32)
+        tier[w.tier[r]] = 1.0
+        return {"request": feats, "app": app, "tier": tier}
+
+    def _cluster_part(self, now: float) -> dict[str, np.ndarray]:
+        return {"instances": instance_features(self.sim), "slack": tier_slack(self.sim, now, self.n_tiers),
+                "recent": self._recent()}
+
+    def _arrival_space(self) -> spaces.Dict:
+        return spaces.Dict({
+            "request": _box(8), "app": _box(self.n_apps, low=0.0, high=1.0),
+            "tier": _box(self.n_tiers, low=0.0, high=1.0),
+            "instances": _box(self.n_instances, len(INSTANCE_FEATURES)),
+            "slack": _box(self.n_instances, self.n_tiers), "recent": _box(2, low=0.0, high=1.0),
+        })
