@@ -2,9 +2,12 @@
 speed-up of fast-forward over step-by-step measured in the same run.
 
 Replays ``azure_conv_2023`` (from ../shared/traces) with Sarathi-Serve on one instance of llama3-8b-h100 at
-a rate scale giving ~70% engine utilization (busy fraction), by default. Run on one core:
+~70% utilization by default. Utilization here is offered load over saturation throughput: the engine's
+saturation throughput (requests/s) is measured first on the trace's first 2,000 rows replayed 10x faster,
+and the arrival rate is scaled to 70% of it. (The busy fraction is ~1 at any load under continuous batching,
+so it cannot serve as the knob.) Run on one core:
 
-    taskset -c 0 .venv/bin/python scripts/bench/sim_speed.py [--rows N] [--rate-scale X] [--policy sarathi]
+    taskset -c 0 .venv/bin/python scripts/bench/sim_speed.py [--rows N] [--rate-scale X|auto] [--policy sarathi]
 """
 
 from __future__ import annotations
@@ -38,14 +41,15 @@ def run(w: Workload, engine_name: str, policy: str, ff: bool) -> tuple[float, di
     sim = Simulator(w, eng, make_policy(policy, eng), fast_forward=ff)
     t0 = time.perf_counter()
     sim.run()
-    wall = time.perf_counter() - t0
+    wall = time.perf_counter() - t0  # wall time of the run alone (workload building excluded)
     return wall, sim.result().summary
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=None, help="first N trace rows (default: all 19,366)")
-    ap.add_argument("--rate-scale", type=float, default=1.0, help="arrival-rate multiplier")
+    ap.add_argument("--rate-scale", default="auto", help="arrival-rate multiplier, or 'auto' for 70%% load")
+    ap.add_argument("--load", type=float, default=0.7, help="target load for --rate-scale auto")
     ap.add_argument("--engine", default="llama3-8b-h100")
     ap.add_argument("--policy", default="sarathi")
     ap.add_argument("--no-step", action="store_true", help="skip the step-by-step reference run")
@@ -53,10 +57,21 @@ def main() -> int:
     if not TRACE.exists():
         print(f"trace not found: {TRACE} (needs ../shared beside the repo)", file=sys.stderr)
         return 2
-    w = workload(args.rows, args.rate_scale)
+    if args.rate_scale == "auto":
+        probe = workload(2000, 10.0)
+        _, sat = run(probe, args.engine, args.policy, ff=True)
+        native = (len(probe) - 1) / (probe.arrival[-1] - probe.arrival[0]) / 10.0
+        scale = args.load * sat["throughput"] / native
+        print(f"saturation throughput {sat['throughput']:.2f} req/s; native rate {native:.2f} req/s; "
+              f"rate scale for {args.load:.0%} load = {scale:.3f}")
+    else:
+        scale = float(args.rate_scale)
+    args.rate_scale = scale
+    w = workload(args.rows, scale)
     wall, s = run(w, args.engine, args.policy, ff=True)
     n = s["n_requests"]
-    print(f"trace azure_conv_2023 rows={n} rate_scale={args.rate_scale} engine={args.engine} policy={args.policy}")
+    print(f"trace azure_conv_2023 rows={n} rate_scale={args.rate_scale:.3f} engine={args.engine} "
+          f"policy={args.policy}")
     print(f"utilization (busy fraction) {s['utilization']:.2f}  attainment {s['attainment']:.3f}  "
           f"iterations {s['iterations']} (fast-forwarded {s['ff_iterations']})")
     print(f"fast-forward : {wall:7.2f} s  {n / wall:9.0f} simulated req/s  {s['iterations'] / wall:9.0f} iterations/s")

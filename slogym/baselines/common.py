@@ -14,21 +14,22 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 
 def split_running(inst: Instance) -> tuple[np.ndarray, np.ndarray]:
     """Running requests split into (decode-ready, still prefilling), each in running order."""
-    run = np.array(inst.running, dtype=np.int64)
+    run = inst.running_array()
     if not run.size:
         return _EMPTY, _EMPTY
-    rem = inst.remaining(run)
-    dec = rem == 1
+    dec = inst.remaining(run) == 1
     return (run, _EMPTY) if dec.all() else (run[dec], run[~dec])
 
 
 def make_room_for_decodes(inst: Instance, dec: np.ndarray, victim_key: Callable[[int], float],
-                          ) -> tuple[np.ndarray, list[int]]:
+                          ) -> tuple[np.ndarray, list[int], int]:
     """Preempt (recompute) running requests, largest ``victim_key`` first, until every remaining decode
-    in ``dec`` can grow by one token. Returns the surviving decodes and the victims (vLLM's rule)."""
+    in ``dec`` can grow by one token (vLLM's rule). Returns the surviving decodes, the victims, and the KV
+    blocks still free once the survivors' growth is reserved."""
     need = inst.blocks_needed(dec, 1)
-    if int(need.sum()) <= inst.free_blocks:
-        return dec, []
+    total = int(need.sum())
+    if total <= inst.free_blocks:
+        return dec, [], inst.free_blocks - total
     rs = inst.sim.rs
     free = inst.free_blocks
     victims: list[int] = []
@@ -36,14 +37,13 @@ def make_room_for_decodes(inst: Instance, dec: np.ndarray, victim_key: Callable[
     prefilling = [r for r in inst.running if r not in alive]
     # prefilling requests hold KV too; they are candidates as well
     pool = sorted(list(alive) + prefilling, key=victim_key)
-    total = sum(alive.values())
     while total > free and pool:
         v = pool.pop()
         victims.append(v)
         free += int(rs.kv_blocks[v])
         total -= alive.pop(v, 0)
     keep = np.array([r for r in dec.tolist() if r in alive], dtype=np.int64)
-    return keep, victims
+    return keep, victims, free - total
 
 
 def fill_prefill_chunks(inst: Instance, candidates: list[int], budget: int, free_blocks: int,

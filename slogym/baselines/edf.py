@@ -41,7 +41,7 @@ class EDFScheduler(Scheduler):
         running = np.array(inst.running, dtype=np.int64)
         dl_of = dict(zip(inst.running, next_deadline(inst, running).tolist())) if running.size else {}
         if dec.size:
-            dec, victims = make_room_for_decodes(inst, dec, lambda r: dl_of[r])
+            dec, victims, _ = make_room_for_decodes(inst, dec, lambda r: dl_of[r])
         cands = np.array(dec.tolist() + [r for r in pre.tolist() + inst.waiting if r not in victims],
                          dtype=np.int64)
         dl = next_deadline(inst, cands)

@@ -35,12 +35,12 @@ class SarathiScheduler(Scheduler):
             return None
         arrival = inst.sim.w.arrival
         victims: list[int] = []
+        free = inst.free_blocks
         if dec.size:
-            dec, victims = make_room_for_decodes(inst, dec, lambda r: arrival[r])
-            pre = np.array([r for r in pre.tolist() if r not in victims], dtype=np.int64)
+            dec, victims, free = make_room_for_decodes(inst, dec, lambda r: arrival[r])
+            if victims:
+                pre = np.array([r for r in pre.tolist() if r not in victims], dtype=np.int64)
         budget = self.token_budget - dec.size
-        free = inst.free_blocks - int(inst.blocks_needed(dec, 1).sum()) + sum(
-            int(inst.sim.rs.kv_blocks[v]) for v in victims)
         cands = pre.tolist() + [r for r in inst.waiting if r not in victims]
         reqs, toks, _, repeatable = fill_prefill_chunks(inst, cands, budget, free, self.max_num_seqs - dec.size)
         if not reqs:

@@ -45,5 +45,5 @@ class VLLMScheduler(Scheduler):
                 return batch_of(reqs, toks)
         if not dec.size:
             return unstick(inst, lambda r: arrival[r])
-        keep, victims = make_room_for_decodes(inst, dec, lambda r: arrival[r])
+        keep, victims, _ = make_room_for_decodes(inst, dec, lambda r: arrival[r])
         return batch_of(keep, np.ones(keep.size, np.int64), victims, steady=not victims)

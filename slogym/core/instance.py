@@ -44,6 +44,7 @@ class Instance:
         self.free_blocks: int = self.total_blocks
         self.waiting: list[int] = []
         self.running: list[int] = []
+        self._running_arr: np.ndarray | None = None
         self.busy = False
         self.inflight: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None = None
         # one batch of Python-int features -> seconds; the scalar path of shipped presets, or the vector one
@@ -65,6 +66,15 @@ class Instance:
     @property
     def kv_utilization(self) -> float:
         return 1.0 - self.free_blocks / self.total_blocks if self.total_blocks else 1.0
+
+    def running_array(self) -> np.ndarray:
+        """``running`` as an int64 array (cached until the running set changes)."""
+        if self._running_arr is None:
+            self._running_arr = np.array(self.running, dtype=np.int64)
+        return self._running_arr
+
+    def running_changed(self) -> None:
+        self._running_arr = None
 
     def remaining(self, idx: np.ndarray | list[int]) -> np.ndarray:
         """Tokens each request still has to compute before its next sample (prefill chunk left, or 1)."""

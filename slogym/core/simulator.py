@@ -33,7 +33,9 @@ from slogym.core.errors import SchedulerError
 from slogym.core.instance import Instance
 from slogym.core.policy import BEST_EFFORT, DEFER, REJECT, Policy
 from slogym.core.request import StageKind, Workload
-from slogym.core.state import NO_TPOT, Outcome, RequestState, Status
+from slogym.core.state import (F_DL, F_DSLO, F_FINAL, F_GAP, F_LAST, F_SG, F_TPOT, F_TSLACK, I_COMP, I_GEN,
+                               I_GEN_STAGE, I_KV, I_NC, I_NT, I_SLEN, I_SLOT, NO_TPOT, Outcome, RequestState,
+                               Status)
 
 INF = math.inf
 _PREFILL, _DECODE, _EXTERNAL = int(StageKind.PREFILL), int(StageKind.DECODE), int(StageKind.EXTERNAL)
@@ -283,10 +285,11 @@ class Simulator:
                 return
             idx = np.asarray(batch.req, dtype=np.int64)
             tok = np.asarray(batch.tokens, dtype=np.int64)
-            nc = rs.num_computed[idx]
-            rem = rs.num_tokens[idx] - nc
+            rows = rs.I[idx]
+            nc = rows[:, I_NC]
+            rem = rows[:, I_NT] - nc
             if self.validate:
-                self._check_batch(inst, idx, tok, rem, batch)
+                self._check_batch(inst, idx, tok, rem, rows[:, I_SLOT], batch)
             spec = None if batch.spec is None else np.asarray(batch.spec, dtype=np.int64)
             if batch.steady and self.fast_forward and spec is None and not side and not self.agent_schedule:
                 ff = yield from self._fast_forward(inst, idx, tok, nc, rem, t)
@@ -301,11 +304,12 @@ class Simulator:
                     if not idx.size:
                         inst.busy = False
                         return
-                    nc = rs.num_computed[idx]
-                    rem = rs.num_tokens[idx] - nc
+                    rows = rs.I[idx]
+                    nc = rows[:, I_NC]
+                    rem = rows[:, I_NT] - nc
                     if self._ff_fit_kv(inst, idx, tok, nc, 1) < 1:
                         continue  # the next step needs KV that is not free: the scheduler decides
-            self._start_iteration(inst, idx, tok, nc, rem, spec, t)
+            self._start_iteration(inst, idx, tok, nc, rem, rows[:, I_KV], spec, t)
             return
 
     def _apply_side_actions(self, inst: Instance, batch: Batch, t: float) -> _Gen:
@@ -317,11 +321,11 @@ class Simulator:
             yield from self._drop(int(r), "scheduler", t)
 
     def _check_batch(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, rem: np.ndarray,
-                     batch: Batch) -> None:
+                     slot: np.ndarray, batch: Batch) -> None:
         rs = self.rs
         if idx.shape != tok.shape:
             raise SchedulerError(f"instance {inst.id}: batch.req has {idx.size} entries, tokens {tok.size}")
-        bad = rs.slot[idx] != inst.id
+        bad = slot != inst.id
         if bad.any():
             r = int(idx[bad.argmax()])
             raise SchedulerError(f"instance {inst.id}: request {r} is not waiting or running here "
@@ -360,11 +364,11 @@ class Simulator:
                              n_dec, d_tok, int(kv_after[is_dec].sum()), int(kv_after.sum()), steps)
 
     def _start_iteration(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, nc: np.ndarray,
-                         rem: np.ndarray, spec: np.ndarray | None, t: float) -> None:
+                         rem: np.ndarray, kvb: np.ndarray, spec: np.ndarray | None, t: float) -> None:
         rs = self.rs
         bs = inst.block_size
         kv_after = nc + tok if spec is None else nc + tok + spec
-        need = (kv_after + (bs - 1)) // bs - rs.kv_blocks[idx]
+        need = (kv_after + (bs - 1)) // bs - kvb
         np.maximum(need, 0, out=need)
         total = int(need.sum())
         if total > inst.free_blocks:
@@ -374,7 +378,7 @@ class Simulator:
         dt = inst.time_one(f)
         if not dt > 0.0:
             raise SchedulerError(f"engine {inst.engine.name} gave iteration time {dt!r} for batch {f}")
-        rs.kv_blocks[idx] += need
+        rs.kv_blocks[idx] = kvb + need
         inst.free_blocks -= total
         if inst.waiting:
             self._admit(inst, idx, t)
@@ -394,6 +398,7 @@ class Simulator:
         for r in newly.tolist():
             inst.waiting.remove(r)
             inst.running.append(r)
+        inst.running_changed()
         rs.status[newly] = _RUNNING
         first = newly[np.isnan(rs.first_scheduled[newly])]
         rs.first_scheduled[first] = t
@@ -517,11 +522,13 @@ class Simulator:
             grow = q.copy()
         else:
             grow[is_dec] = q
+        rows = rs.I[idx]
         nc = nc0 + grow
-        rs.num_computed[idx] = nc
-        rs.computed_total[idx] += grow
-        new_blocks = np.maximum((nc + (bs - 1)) // bs - rs.kv_blocks[idx], 0)
-        rs.kv_blocks[idx] += new_blocks
+        rows[:, I_NC] = nc
+        rows[:, I_COMP] += grow
+        new_blocks = np.maximum((nc + (bs - 1)) // bs - rows[:, I_KV], 0)
+        rows[:, I_KV] += new_blocks
+        rs.I[idx] = rows
         inst.free_blocks -= int(new_blocks.sum())
         if inst.waiting:
             self._admit(inst, idx, float(ends[0] - dts[0]))
@@ -541,38 +548,40 @@ class Simulator:
     def _emit_run(self, dec: np.ndarray, q: np.ndarray, ends: np.ndarray) -> None:
         """Per-token metrics of ``q[i]`` decode tokens of request ``dec[i]`` at times ``ends[:q[i]]``."""
         rs = self.rs
+        F = rs.F[dec]
+        I = rs.I[dec]
         k = ends.size
         cols = np.arange(k, dtype=np.int64)
         valid = cols[None, :] < q[:, None]
         full = bool(valid.all())
-        tp = rs.tpot[dec]
-        kk = rs.gen_in_stage[dec]
+        tp = F[:, F_TPOT]
+        kk = I[:, I_GEN_STAGE]
         gaps = np.empty((dec.size, k))
-        gaps[:, 0] = ends[0] - rs.last_token[dec]
+        gaps[:, 0] = ends[0] - F[:, F_LAST]
         if k > 1:
-            gaps[:, 1:] = np.diff(ends)[None, :]
-        dl = rs.dl_base[dec][:, None] + (kk[:, None] + cols[None, :]) * tp[:, None]
-        slack = dl - ends[None, :]
+            gaps[:, 1:] = np.diff(ends)
+        dl = F[:, F_DL][:, None] + (kk[:, None] + cols) * tp[:, None]
+        slack = dl - ends
         sg = np.empty((dec.size, k + 1))
-        sg[:, 0] = rs.sg_out[dec]
+        sg[:, 0] = F[:, F_SG]
         sg[:, 1:] = self._decay(tp[:, None] / gaps)
         if not full:
-            gaps = np.where(valid, gaps, -INF)
-            slack = np.where(valid, slack, INF)
-            sg[:, 1:] = np.where(valid, sg[:, 1:], 0.0)
+            gaps[~valid] = -INF
+            slack[~valid] = INF
+            sg[:, 1:][~valid] = 0.0
         last = q - 1
-        rows = np.arange(dec.size)
         gmax = gaps.max(axis=1)
-        rs.dslo_slack[dec] = np.minimum(rs.dslo_slack[dec], slack.min(axis=1))
-        rs.final_deadline[dec] = dl[rows, last]
-        rs.max_gap[dec] = np.maximum(rs.max_gap[dec], gmax)
-        rs.tpot_slack[dec] = np.minimum(rs.tpot_slack[dec], tp - gmax)
-        rs.sg_out[dec] = np.cumsum(sg, axis=1)[:, -1]
-        rs.last_token[dec] = ends[last]
-        rs.gen_in_stage[dec] = kk + q
-        rs.generated[dec] += q
-        rs.num_tokens[dec] += q
-
+        np.minimum(F[:, F_DSLO], slack.min(axis=1), out=F[:, F_DSLO])
+        F[:, F_FINAL] = dl[np.arange(dec.size), last]
+        np.maximum(F[:, F_GAP], gmax, out=F[:, F_GAP])
+        np.minimum(F[:, F_TSLACK], tp - gmax, out=F[:, F_TSLACK])
+        F[:, F_SG] = sg.cumsum(axis=1)[:, -1]
+        F[:, F_LAST] = ends[last]
+        I[:, I_GEN_STAGE] += q
+        I[:, I_GEN] += q
+        I[:, I_NT] += q
+        rs.F[dec] = F
+        rs.I[dec] = I
 
     def _decay(self, ratio: np.ndarray) -> np.ndarray:
         """Tempo's divisive decay f = min{1, (SLO / metric)^alpha} (Eq. 2-3) from ratio = SLO / metric."""
@@ -591,11 +600,12 @@ class Simulator:
         rs = self.rs
         if spec is not None and spec.any():
             tok = self._accept_speculation(inst, idx, tok, spec, t)
-        nc = rs.num_computed[idx] + tok
-        rs.num_computed[idx] = nc
-        rs.computed_total[idx] += tok
+        rows = rs.I[idx]
+        rows[:, I_NC] += tok
+        rows[:, I_COMP] += tok
+        rs.I[idx] = rows
         inst.tokens += int(tok.sum())
-        caught = nc == rs.num_tokens[idx]
+        caught = rows[:, I_NC] == rows[:, I_NT]
         emit = idx if caught.all() else idx[caught]
         transitions: list[int] = []
         if emit.size:
@@ -615,21 +625,24 @@ class Simulator:
     def _emit_tokens(self, dec: np.ndarray, t: float) -> np.ndarray:
         """Each request in ``dec`` emits its next output token at ``t``; returns those finishing their stage."""
         rs = self.rs
-        k = rs.gen_in_stage[dec]
-        tp = rs.tpot[dec]
-        gap = t - rs.last_token[dec]
-        dl = rs.dl_base[dec] + k * tp
-        rs.dslo_slack[dec] = np.minimum(rs.dslo_slack[dec], dl - t)
-        rs.final_deadline[dec] = dl
-        rs.max_gap[dec] = np.maximum(rs.max_gap[dec], gap)
-        rs.tpot_slack[dec] = np.minimum(rs.tpot_slack[dec], tp - gap)
-        rs.sg_out[dec] += self._decay(tp / gap)
-        rs.last_token[dec] = t
-        k += 1
-        rs.gen_in_stage[dec] = k
-        rs.generated[dec] += 1
-        rs.num_tokens[dec] += 1
-        fin = k == rs.stage_len[dec]
+        F = rs.F[dec]
+        I = rs.I[dec]
+        tp = F[:, F_TPOT]
+        k = I[:, I_GEN_STAGE]
+        gap = t - F[:, F_LAST]
+        dl = F[:, F_DL] + k * tp
+        np.minimum(F[:, F_DSLO], dl - t, out=F[:, F_DSLO])
+        F[:, F_FINAL] = dl
+        np.maximum(F[:, F_GAP], gap, out=F[:, F_GAP])
+        np.minimum(F[:, F_TSLACK], tp - gap, out=F[:, F_TSLACK])
+        F[:, F_SG] += self._decay(tp / gap)
+        F[:, F_LAST] = t
+        I[:, I_GEN_STAGE] += 1
+        I[:, I_GEN] += 1
+        I[:, I_NT] += 1
+        rs.F[dec] = F
+        rs.I[dec] = I
+        fin = I[:, I_GEN_STAGE] == I[:, I_SLEN]
         return dec[fin] if fin.any() else dec[:0]
 
     def _accept_speculation(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, spec: np.ndarray,
@@ -726,7 +739,9 @@ class Simulator:
             rs.ready[r] = t
             return
         # external: off the running set while the tool runs; its KV stays parked on the instance
-        self.instances[int(rs.instance[r])].running.remove(r)
+        inst = self.instances[int(rs.instance[r])]
+        inst.running.remove(r)
+        inst.running_changed()
         rs.status[r] = Status.EXTERNAL
         rs.slot[r] = -1
         self._seq += 1
@@ -762,6 +777,7 @@ class Simulator:
         st = rs.status[r]
         if st == Status.RUNNING:
             inst.running.remove(r)
+            inst.running_changed()
         elif st == Status.WAITING:
             inst.waiting.remove(r)
 

@@ -39,45 +39,59 @@ class Outcome(IntEnum):
 
 OUTCOME_NAMES = {o: o.name.lower() for o in Outcome}
 
+F_COLS: tuple[tuple[str, float], ...] = (
+    ("tpot", NO_TPOT),          # TPOT of the current decode stage
+    ("dl_base", np.inf),        # deadline of token k=0 of the current decode stage
+    ("last_token", np.nan),     # time of the last output token
+    ("dslo_slack", np.inf),     # min over tokens of (deadline - t)
+    ("max_gap", 0.0),           # max time between tokens (all decode stages)
+    ("tpot_slack", np.inf),     # min over gaps of (tpot - gap)
+    ("sg_out", 0.0),            # sum over output tokens of f(SLO_TBT, TBT) (Tempo Eq. 3)
+    ("final_deadline", np.inf),  # deadline of the last output token emitted
+)
+I_COLS: tuple[str, ...] = (
+    "num_tokens", "num_computed", "gen_in_stage", "generated", "kv_blocks", "computed_total", "stage_len", "slot",
+)
+F_TPOT, F_DL, F_LAST, F_DSLO, F_GAP, F_TSLACK, F_SG, F_FINAL = range(len(F_COLS))
+I_NT, I_NC, I_GEN_STAGE, I_GEN, I_KV, I_COMP, I_SLEN, I_SLOT = range(len(I_COLS))
+
 
 class RequestState:
-    """Dynamic state of every request of a workload (arrays of length ``n``)."""
+    """Dynamic state of every request of a workload (arrays of length ``n``).
+
+    The fields the per-iteration paths touch together live as columns of two 2-D tables, ``F`` (float64) and
+    ``I`` (int64), so a batch is gathered and scattered with one call per table; each column is also
+    available under its name as a 1-D view (``rs.tpot is rs.F[:, F_TPOT]``).
+    """
 
     def __init__(self, w: Workload) -> None:
         n = len(w)
         i64, f64 = np.int64, np.float64
+        self.F = np.empty((n, len(F_COLS)), f64)
+        self.I = np.zeros((n, len(I_COLS)), i64)
+        for j, (name, init) in enumerate(F_COLS):
+            self.F[:, j] = init
+            setattr(self, name, self.F[:, j])
+        for j, name in enumerate(I_COLS):
+            setattr(self, name, self.I[:, j])
+        self.slot[:] = -1                              # instance it is waiting/running on now, else -1
+        self.stage_len[:] = w.stage_tokens[w.stage_ptr[:-1]]
         self.status = np.zeros(n, np.int8)
         self.outcome = np.zeros(n, np.int8)
         self.instance = np.full(n, -1, np.int32)       # instance it was last placed on
-        self.slot = np.full(n, -1, np.int32)           # instance it is waiting/running on now, else -1
         self.scratch = np.zeros(n, np.int64)           # work array for batch validation
         self.be = w.best_effort.copy()                 # served in the best-effort tier
         self.stage = w.stage_ptr[:-1].copy()           # absolute index into the stage arrays
-        self.stage_len = w.stage_tokens[self.stage].copy()
-        self.num_tokens = np.zeros(n, i64)
-        self.num_computed = np.zeros(n, i64)
-        self.kv_blocks = np.zeros(n, i64)
-        self.gen_in_stage = np.zeros(n, i64)
-        self.generated = np.zeros(n, i64)
-        self.computed_total = np.zeros(n, i64)        # every token ever scheduled (recompute included)
-        self.recomputed = np.zeros(n, i64)            # KV tokens thrown away by preemption
+        self.recomputed = np.zeros(n, i64)             # KV tokens thrown away by preemption
         self.n_preempt = np.zeros(n, np.int32)
         self.ready = w.arrival.copy()                  # time the current segment became ready (t_ref)
-        self.tpot = np.full(n, NO_TPOT)                # TPOT of the current decode stage
-        self.dl_base = np.full(n, np.inf)              # deadline of token k=0 of the current decode stage
         self.stage_t0 = np.full(n, np.nan)             # start of the current decode stage's gap window
-        self.last_token = np.full(n, np.nan)
         self.first_token = np.full(n, np.nan)
-        self.final_deadline = np.full(n, np.inf)       # deadline of the last output token emitted
         self.finish = np.full(n, np.nan)
         self.first_scheduled = np.full(n, np.nan)
-        self.max_gap = np.zeros(n, f64)                # max time between tokens (all decode stages)
-        self.tpot_slack = np.full(n, np.inf)           # min over gaps of (tpot - gap)
-        self.dslo_slack = np.full(n, np.inf)           # min over tokens of (deadline - t)
         self.ttft_slack = np.full(n, np.inf)           # min over prefill stages of (ready + ttft - t)
         self.mean_slack = np.full(n, np.inf)           # min over decode stages of (tpot - mean gap)
         self.sg_in = np.zeros(n, f64)                  # Tempo service gain of input tokens (Eq. 3, first term)
-        self.sg_out = np.zeros(n, f64)                 # sum over output tokens of f(SLO_TBT, TBT)
 
     def next_deadline(self, w: Workload, idx: np.ndarray) -> np.ndarray:
         """Deadline of each request's next output: its next token's deadline in a decode stage, the TTFT

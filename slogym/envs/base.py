@@ -236,6 +236,22 @@ class ServingEnv(gym.Env):
         sim = self.sim
         return np.array([self._ewma, sim._n_done / max(len(sim.w), 1)], np.float32)
 
+    # ------------------------------------------------------------------ serving a trained agent outside the env
+    def attach(self, sim: Simulator) -> None:
+        """Observe ``sim`` (driven by someone else, e.g. ``slogym simulate``) with this env's features."""
+        self.sim = sim
+        sim.completed = []
+        self._n_met = 0
+        self._ewma = 1.0
+
+    def observe(self, msg: tuple) -> Any:
+        """The observation this env would give for decision ``msg`` (``("route", req, now)`` or
+        ``("schedule", instance, now)``) of the attached simulator; outcomes since the last call update the
+        recent-attainment features first."""
+        self._msg = msg
+        self._credit()
+        return self._observe()
+
     # ------------------------------------------------------------------ subclass hooks
     def _configure(self, sim: Simulator) -> None:
         raise NotImplementedError

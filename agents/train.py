@@ -1,0 +1,199 @@
+"""Train one slogym agent from a YAML config, top to bottom; writes ``<out>/<name>.zip`` and ``<name>.json``.
+
+    python agents/train.py agents/configs/admission.yaml                        # as shipped
+    python agents/train.py agents/configs/batching.yaml total_timesteps=20000 seed=1 --out /tmp/agents
+
+Overrides are ``dotted.key=value`` (values parsed as YAML), e.g. ``env_kwargs.rate_scale=3 bc.steps=0``.
+
+Steps: (1) config; (2) environments -- training episodes come from ``split="train"`` windows, evaluation from
+the held-out ``split="test"`` windows; (3) the model (SB3 ``PPO`` for Box actions, ``MaskablePPO`` for discrete
+ones) on the flattened observation; (4) optional behaviour cloning from the env's ``expert_action``:
+maximum likelihood of the expert's actions plus a value-head fit to the expert's discounted returns;
+(5) PPO fine-tuning; (6) model selection on *training-split* validation windows (the BC-only weights are kept
+if fine-tuning made them worse); (7) evaluation on test windows and saving. Everything runs on one CPU thread; the metadata records wall and CPU seconds (they differ when the machine is
+shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+import yaml
+from gymnasium.wrappers import FlattenObservation
+from sb3_contrib import MaskablePPO
+from sb3_contrib.common.wrappers import ActionMasker
+from stable_baselines3 import PPO
+
+import slogym  # noqa: F401  (registers the environments)
+from slogym.agents import env_policy, model_actor
+from slogym.agents.evaluation import evaluate, windows
+
+ROOT = Path(__file__).resolve().parent
+
+
+# ---------------------------------------------------------------------------------------------- 1. config
+def load_config(path: str, overrides: list[str]) -> dict[str, Any]:
+    cfg = yaml.safe_load(Path(path).read_text())
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"override {item!r} is not key=value")
+        node = cfg
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = yaml.safe_load(value)
+    return cfg
+
+
+def make_env(cfg: dict[str, Any], split: str) -> gym.Env:
+    """Flattened env (masks forwarded for MaskablePPO)."""
+    env = FlattenObservation(gym.make(cfg["env_id"], **cfg["env_kwargs"], split=split))
+    if cfg["algo"] == "MaskablePPO":
+        env = ActionMasker(env, lambda e: e.unwrapped.action_masks())
+    return env
+
+
+# ---------------------------------------------------------------------------------------------- 4. imitation
+def expert_rollouts(env: gym.Env, expert: str | None, steps: int, gamma: float, seed: int
+                    ) -> dict[str, np.ndarray]:
+    """``steps`` transitions of the expert on training windows: observations, actions, masks and the
+    discounted return from each step to its episode's end."""
+    raw = env.unwrapped
+    obs_l, act_l, mask_l, rew_l, done_l = [], [], [], [], []
+    obs, _ = env.reset(seed=seed)
+    while len(obs_l) < steps:
+        a = raw.expert_action(expert) if expert else raw.expert_action()
+        obs_l.append(obs)
+        act_l.append(a)
+        mask_l.append(raw.action_masks() if hasattr(raw, "action_masks") else np.ones(1, bool))
+        obs, r, term, trunc, _ = env.step(a)
+        rew_l.append(r)
+        done_l.append(term or trunc)
+        if term or trunc:
+            obs, _ = env.reset()
+    ret = np.zeros(len(rew_l), np.float32)
+    g = 0.0
+    for i in reversed(range(len(rew_l))):
+        g = rew_l[i] + gamma * g * (not done_l[i])
+        ret[i] = g
+    return {"obs": np.array(obs_l, np.float32), "act": np.array(act_l), "mask": np.array(mask_l),
+            "ret": ret}
+
+
+def behaviour_clone(model: Any, data: dict[str, np.ndarray], epochs: int, batch_size: int, lr: float,
+                    seed: int) -> list[float]:
+    """Maximise the policy's log-likelihood of the expert actions and fit the value head to the returns;
+    returns the mean loss per epoch."""
+    pol = model.policy
+    opt = torch.optim.Adam(pol.parameters(), lr=lr)
+    obs, act = torch.as_tensor(data["obs"]), torch.as_tensor(data["act"])
+    ret = torch.as_tensor(data["ret"])
+    masks = data["mask"] if isinstance(model, MaskablePPO) else None
+    scale = float(ret.abs().mean()) + 1e-8  # keeps the value loss on the scale of the likelihood term
+    rng = np.random.default_rng(seed)
+    losses = []
+    pol.set_training_mode(True)
+    for _ in range(epochs):
+        perm, total = rng.permutation(len(obs)), 0.0
+        for lo in range(0, len(obs), batch_size):
+            b = perm[lo:lo + batch_size]
+            kw = {"action_masks": masks[b]} if masks is not None else {}
+            values, logp, _ = pol.evaluate_actions(obs[b], act[b], **kw)
+            loss = -logp.mean() + 0.5 * (((values.flatten() - ret[b]) / scale) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total += float(loss) * len(b)
+        losses.append(total / len(obs))
+    pol.set_training_mode(False)
+    return losses
+
+
+# ---------------------------------------------------------------------------------------------- 6-7. evaluation
+def score(model: Any, cfg: dict[str, Any], split: str, seeds: list[int]) -> dict[str, float]:
+    """Mean episode reward / attainment / goodput of the deterministic agent on ``split`` windows."""
+    kw = cfg["env_kwargs"] | {"split": split}
+    env, wins = windows(cfg["env_id"], kw, seeds)
+    return evaluate(lambda i: env_policy(cfg["name"], env, model_actor(model, env)), env, wins)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("config")
+    ap.add_argument("overrides", nargs="*", help="dotted.key=value")
+    ap.add_argument("--out", default=str(ROOT / "checkpoints"))
+    args = ap.parse_args()
+    cfg = load_config(args.config, args.overrides)
+    torch.set_num_threads(1)
+    seed = int(cfg["seed"])
+    torch.manual_seed(seed)
+    t0, c0 = time.perf_counter(), time.process_time()
+
+    # 2. environments
+    env = make_env(cfg, "train")
+    env.reset(seed=seed)
+
+    # 3. model
+    algo = {"PPO": PPO, "MaskablePPO": MaskablePPO}[cfg["algo"]]
+    model = algo("MlpPolicy", env, seed=seed, device="cpu", verbose=0, policy_kwargs=cfg["policy_kwargs"],
+                 **cfg["ppo"])
+
+    # 4. behaviour cloning warm start
+    bc = cfg.get("bc") or {}
+    bc_log: dict[str, Any] = {"steps": int(bc.get("steps", 0))}
+    if bc_log["steps"]:
+        data = expert_rollouts(make_env(cfg, "train"), bc.get("expert"), bc_log["steps"], model.gamma, seed + 1)
+        bc_log |= {"expert": bc.get("expert") or cfg["env_kwargs"]["policy"], "epochs": bc["epochs"],
+                   "losses": behaviour_clone(model, data, int(bc["epochs"]), int(bc["batch_size"]),
+                                             float(bc["learning_rate"]), seed)}
+        print(f"BC: {bc_log['steps']} expert steps, loss {bc_log['losses'][0]:.3f} -> {bc_log['losses'][-1]:.3f}")
+
+    # 5. PPO fine-tuning
+    val_seeds = list(cfg["eval"]["val_seeds"])
+    before = copy.deepcopy(model.policy.state_dict()) if bc_log["steps"] and val_seeds else None
+    val_bc = score(model, cfg, "train", val_seeds) if before is not None else None
+    t_ppo = time.perf_counter()
+    if cfg["total_timesteps"]:
+        model.learn(total_timesteps=int(cfg["total_timesteps"]))
+    print(f"PPO: {cfg['total_timesteps']} steps in {time.perf_counter() - t_ppo:.0f} s")
+
+    # 6. model selection on training-split validation windows (never the test split)
+    selected = "ppo"
+    if before is not None:
+        val_ppo = score(model, cfg, "train", val_seeds)
+        print(f"validation reward: BC {val_bc['reward']:.3f}, BC+PPO {val_ppo['reward']:.3f}")
+        if val_ppo["reward"] < val_bc["reward"]:
+            model.policy.load_state_dict(before)
+            selected = "bc"
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+
+    # 7. held-out evaluation and saving
+    test = score(model, cfg, "test", list(cfg["eval"]["test_seeds"])) if cfg["eval"]["test_seeds"] else {}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save(out / f"{cfg['name']}.zip")
+    meta = {
+        "name": cfg["name"], "env_id": cfg["env_id"], "env_kwargs": cfg["env_kwargs"], "algo": cfg["algo"],
+        "seed": seed, "total_timesteps": int(cfg["total_timesteps"]), "policy_kwargs": cfg["policy_kwargs"],
+        "ppo": cfg["ppo"], "bc": bc_log, "selected": selected,
+        "validation": {"seeds": val_seeds, "bc": val_bc, "bc_ppo": val_ppo if before is not None else None},
+        "train_wall_seconds": round(wall, 1), "train_cpu_seconds": round(cpu, 1),
+        "torch_threads": torch.get_num_threads(),
+        "test_eval": {"split": "test", "seeds": list(cfg["eval"]["test_seeds"])} | test,
+        "command": f"python agents/train.py {args.config} {' '.join(args.overrides)}".strip(),
+    }
+    (out / f"{cfg['name']}.json").write_text(json.dumps(meta, indent=2) + "\n")
+    print(json.dumps({k: meta[k] for k in ("name", "selected", "train_wall_seconds", "test_eval")}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

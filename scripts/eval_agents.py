@@ -1,0 +1,79 @@
+"""Each shipped agent vs random, the naive baseline and the best available baselines on held-out windows.
+
+    python scripts/eval_agents.py                         # every shipped agent, test seeds 0-7
+    python scripts/eval_agents.py --agents batching-coder --seeds 0 1 2
+
+Every contender runs through the plain ``Simulator`` on the same ``split="test"`` windows (those
+``env.reset(seed=s)`` plays, never seen in training) with the environment's engine and cluster; the decisions
+the agent does not make are taken by the same baseline for every contender. Prints a Markdown table per agent:
+mean (std) episode reward in the env's reward, SLO attainment and goodput (SLO-meeting requests/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable
+
+import gymnasium as gym
+import torch
+
+import slogym  # noqa: F401  (registers the environments)
+from slogym.agents import available, env_policy, load, read_metadata, uniform_actor
+from slogym.agents.evaluation import evaluate, windows
+from slogym.baselines import make_policy
+from slogym.core.policy import Policy
+
+Contender = tuple[str, Callable[[Any, int], Policy]]
+
+
+def baselines(env: Any) -> list[Contender]:
+    """(label, policy factory) of the baselines making the agent's decision; the naive one first."""
+    if env.decision == "schedule":
+        return [(f"{s}{' (naive)' if s == 'vllm' else ''}",
+                 lambda e, i, s=s: make_policy(s, e.engine, router=e.policy_name if e.policy_name in
+                                               ("round-robin", "random", "least-load") else None))
+                for s in ("vllm", "sarathi", "edf")]
+    base = env.policy_name
+    if type(env).__name__ == "AdmissionEnv":
+        return [("admit-all (naive; every baseline router)", lambda e, i: make_policy(base, e.engine))]
+    return [(f"{r}{' (naive)' if r == 'round-robin' else ''}", lambda e, i, r=r: make_policy(base, e.engine, router=r))
+            for r in ("round-robin", "least-load")]
+
+
+def table(name: str, seeds: list[int]) -> str:
+    meta = read_metadata(name)
+    kw = meta["env_kwargs"] | {"split": "test"}
+    env, wins = windows(meta["env_id"], kw, seeds)
+    rand_env = gym.make(meta["env_id"], **kw).unwrapped
+    contenders: list[Contender] = [
+        (f"**{name}** (agent)", lambda e, i: load(name)),
+        ("random (uniform valid actions)", lambda e, i: env_policy("random", rand_env, uniform_actor(rand_env, i))),
+        *baselines(env),
+    ]
+    lines = [f"### {name}: {meta['env_id']} {', '.join(f'{k}={v}' for k, v in meta['env_kwargs'].items())}",
+             "", f"| policy | episode reward ({env.reward_name}) | attainment | goodput (req/s) |",
+             "|---|---|---|---|"]
+    for label, make in contenders:
+        r = evaluate(lambda i: make(env, i), env, wins)
+        lines.append(f"| {label} | {r['reward']:.3f} ({r['reward_std']:.3f}) | {r['attainment']:.3f} "
+                     f"({r['attainment_std']:.3f}) | {r['goodput']:.3f} ({r['goodput_std']:.3f}) |")
+        print(lines[-1], file=sys.stderr, flush=True)
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--agents", nargs="*", default=None, help="default: every shipped agent")
+    ap.add_argument("--seeds", nargs="*", type=int, default=list(range(8)))
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    names = args.agents or available()
+    out = [table(n, args.seeds) for n in names]
+    cmd = "python scripts/eval_agents.py" + (f" --agents {' '.join(args.agents)}" if args.agents else "") + \
+        f" --seeds {' '.join(map(str, args.seeds))}"
+    print("\n\n".join(out) + f"\n\nReproduce: `{cmd}` (test split, seeds {args.seeds}; mean (std) over windows)")
+
+
+if __name__ == "__main__":
+    main()
