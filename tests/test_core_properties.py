@@ -85,8 +85,8 @@ def check_run(sim: Simulator) -> None:
                 continue
             before = m & (w.group_stage < stg)
             later = m & (w.group_stage == stg) & ~np.isnan(rs.first_scheduled)
-            if later.any():
-                assert rs.first_scheduled[later].min() >= rs.finish[before].max()
+            if later.any():  # 1e-12: fast-forward may round a time 1 ulp differently (see test_fast_forward.py)
+                assert rs.first_scheduled[later].min() >= rs.finish[before].max() - 1e-12
 
 
 POLICIES = st.sampled_from(["vllm", "sarathi", "edf"])
@@ -250,3 +250,29 @@ def test_speculation_is_seeded():
     assert np.array_equal(a.rs.last_token, b.rs.last_token)
     assert a.instances[0].iterations == b.instances[0].iterations
     assert not np.array_equal(a.rs.finish, c.rs.finish)  # another seed draws other acceptances
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: Batch.spec is accepted on a last prefill chunk of one token "
+                   "(remaining == 1 in a PREFILL stage); _accept_speculation then emits phantom output tokens")
+def test_spec_on_last_prefill_chunk_is_rejected_or_harmless():
+    """prefill(17) chunked 8+8+1: the final 1-token chunk has remaining == 1 but is not a decode step. A scheduler
+    that sets spec on it must either get a SchedulerError or see it ignored; the request must not generate more
+    output tokens than its decode stage has."""
+    from slogym.core.errors import SchedulerError
+
+    class Chunk8Spec(Scheduler):
+        def next_batch(self, inst, now):
+            if not inst.running and not inst.waiting:
+                return None
+            r = (inst.running or inst.waiting)[0]
+            rem = int(inst.remaining([r])[0])
+            return Batch(req=np.array([r]), tokens=np.array([min(rem, 8)]), spec=np.array([2 if rem == 1 else 0]))
+
+    w = Workload.from_requests([Request(0.0, [prefill(17), decode(1)])])
+    sim = Simulator(w, ToyEngine(block_size=1), Policy("s", Chunk8Spec()), spec_acceptance=0.99999)
+    try:
+        sim.run()
+    except SchedulerError:
+        return
+    assert sim.rs.generated[0] == 1  # currently 3: two accepted "drafts" of a prefill
+    assert sim.rs.computed_total[0] == 17

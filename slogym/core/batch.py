@@ -48,7 +48,8 @@ class BatchFeatures(NamedTuple):
         return self.prefill_seqs + self.decode_seqs
 
     def __len__(self) -> int:  # type: ignore[override]
-        return int(self.prefill_tokens.shape[0])
+        """Number of batches (1 for the Python-int features of a single batch)."""
+        return int(np.shape(self.prefill_tokens)[0]) if np.ndim(self.prefill_tokens) else 1
 
     @classmethod
     def build(cls, **fields: np.ndarray | int) -> "BatchFeatures":

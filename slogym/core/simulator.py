@@ -15,7 +15,9 @@ the same order (``cumsum``), and every per-token metric is computed with the sam
 
 Interactive use (the Gymnasium environments): with ``agent_route`` / ``agent_schedule`` set,
 :meth:`Simulator.decisions` is a generator that yields ``("route", req, now)`` or ``("schedule", inst, now)``
-and takes the decision back through ``send``.
+and takes the decision back through ``send``. With ``defer_timing`` it also yields ``("time", inst, features)``
+for every iteration it starts and takes the iteration time back, so a driver can evaluate the batches of many
+simulators in one vectorized perf-model call (the native vector env).
 """
 
 from __future__ import annotations
@@ -98,6 +100,7 @@ class Simulator:
         self.engines = engines
         self.agent_route = False
         self.agent_schedule = False
+        self.defer_timing = False  # yield ("time", instance, features) for a driver to answer with seconds
         self._reset_state()
 
     # ================================================================== public API
@@ -309,7 +312,9 @@ class Simulator:
                     rem = rows[:, I_NT] - nc
                     if self._ff_fit_kv(inst, idx, tok, nc, 1) < 1:
                         continue  # the next step needs KV that is not free: the scheduler decides
-            self._start_iteration(inst, idx, tok, nc, rem, rows[:, I_KV], spec, t)
+            f, need, total = self._prepare_iteration(inst, idx, tok, nc, rem, rows[:, I_KV], spec)
+            dt = (yield ("time", inst, f)) if self.defer_timing else inst.time_one(f)
+            self._launch(inst, idx, tok, spec, need, total, float(dt), f, t)
             return
 
     def _apply_side_actions(self, inst: Instance, batch: Batch, t: float) -> _Gen:
@@ -363,22 +368,28 @@ class Simulator:
         return BatchFeatures(int(pt.sum()), int(pt.size), int((pt * (pp + pt)).sum()), int((pt * pt).sum()),
                              n_dec, d_tok, int(kv_after[is_dec].sum()), int(kv_after.sum()), steps)
 
-    def _start_iteration(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, nc: np.ndarray,
-                         rem: np.ndarray, kvb: np.ndarray, spec: np.ndarray | None, t: float) -> None:
-        rs = self.rs
+    def _prepare_iteration(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, nc: np.ndarray,
+                           rem: np.ndarray, kvb: np.ndarray, spec: np.ndarray | None,
+                           ) -> tuple[BatchFeatures, np.ndarray, int]:
+        """Features of the batch and the KV blocks it needs (checked against the free blocks)."""
         bs = inst.block_size
         kv_after = nc + tok if spec is None else nc + tok + spec
         need = (kv_after + (bs - 1)) // bs - kvb
         np.maximum(need, 0, out=need)
-        total = int(need.sum())
+        need += kvb  # blocks held after the iteration
+        total = int((need - kvb).sum())
         if total > inst.free_blocks:
             raise SchedulerError(f"instance {inst.id}: batch needs {total} KV blocks, {inst.free_blocks} free "
                                  f"(requests {idx.tolist()})")
-        f = self._features(tok, nc, rem, kv_after, spec)
-        dt = inst.time_one(f)
+        return self._features(tok, nc, rem, kv_after, spec), need, total
+
+    def _launch(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, spec: np.ndarray | None,
+                blocks: np.ndarray, total: int, dt: float, f: BatchFeatures, t: float) -> None:
+        """Allocate the batch's KV and put its iteration in flight until ``t + dt``."""
         if not dt > 0.0:
             raise SchedulerError(f"engine {inst.engine.name} gave iteration time {dt!r} for batch {f}")
-        rs.kv_blocks[idx] = kvb + need
+        rs = self.rs
+        rs.kv_blocks[idx] = blocks
         inst.free_blocks -= total
         if inst.waiting:
             self._admit(inst, idx, t)

@@ -1,6 +1,13 @@
-"""Gymnasium environments (registered on ``import slogym``; also ``gym.make("slogym:slogym/Admission-v0")``)."""
+"""Gymnasium environments (registered on ``import slogym``; also ``gym.make("slogym:slogym/Admission-v0")``).
+
+``gym.make_vec(id, num_envs=N, vectorization_mode="vector_entry_point", ...)`` gives the native batched
+vector env (:class:`slogym.envs.vector.SlogymVectorEnv`); ``"sync"`` / ``"async"`` give Gymnasium's own.
+"""
 
 from __future__ import annotations
+
+from functools import partial
+from typing import Any
 
 import gymnasium as gym
 
@@ -11,7 +18,14 @@ ENV_IDS = {
 }
 
 
+def _vector(env_id: str, num_envs: int = 1, **kwargs: Any) -> gym.vector.VectorEnv:
+    from slogym.envs.vector import SlogymVectorEnv
+
+    return SlogymVectorEnv(env_id, num_envs, **kwargs)
+
+
 def register_envs() -> None:
     for env_id, entry in ENV_IDS.items():
         if env_id not in gym.registry:
-            gym.register(id=env_id, entry_point=entry, disable_env_checker=True)
+            gym.register(id=env_id, entry_point=entry, vector_entry_point=partial(_vector, env_id),
+                         disable_env_checker=True)

@@ -43,6 +43,17 @@ INSTANCE_FEATURES = ("queue_tokens", "waiting", "running", "kv_utilization", "it
 """Per-instance load features (see :func:`instance_features`)."""
 
 
+def drive(steps: Generator[tuple, float, Any]) -> Any:
+    """Run an env stepper to its end, timing any deferred iteration with the scalar perf-model path."""
+    try:
+        msg = next(steps)
+        while True:
+            _, inst, f = msg
+            msg = steps.send(inst.time_one(f))
+    except StopIteration as stop:
+        return stop.value
+
+
 def _box(*shape: int, low: float = -CLIP, high: float = CLIP) -> spaces.Box:
     return spaces.Box(low=low, high=high, shape=shape, dtype=np.float32)
 
@@ -169,29 +180,38 @@ class ServingEnv(gym.Env):
         return w.with_arrivals(w.arrival - w.arrival[0])
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
+        return drive(self._reset_steps(seed))
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        return drive(self._step_steps(action))
+
+    # The episode logic as generators that yield ("time", instance, features) when the simulator defers an
+    # iteration's timing (only under the native vector env, which answers many of them in one call).
+    def _reset_steps(self, seed: int | None, defer_timing: bool = False) -> Generator[tuple, float, Any]:
         super().reset(seed=self._seed if seed is None and self.sim is None else seed)
         w = self._window()
         pol = make_policy(self.policy_name, self.engine)
         self.sim = Simulator(w, self.engine, pol, self.n_instances, seed=int(self.np_random.integers(2**31)),
                              attainment=self.attainment)
         self.sim.completed = []
+        self.sim.defer_timing = defer_timing
         self._configure(self.sim)
         self._n_met = 0
         self._ewma = 1.0
         self._history.clear()
         self._gen = self.sim.decisions()
         self._msg = None
-        done, _ = self._advance(None)
+        done, _ = yield from self._advance(None)
         if done:
             raise RuntimeError(f"episode window of {len(w)} requests asked for no {self.decision} decision")
         self._last_obs = self._observe()
         return self._last_obs, self._info()
 
-    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+    def _step_steps(self, action: Any) -> Generator[tuple, float, Any]:
         if self._msg is None:
             raise RuntimeError("step() called before reset() or after the episode ended")
         sim_action = self._to_sim_action(action)
-        done, reward = self._advance(sim_action)
+        done, reward = yield from self._advance(sim_action)
         info = self._info()
         if done:
             info["summary"] = self.sim.result().summary
@@ -200,12 +220,13 @@ class ServingEnv(gym.Env):
             self._last_obs = self._observe()
         return self._last_obs, reward, done, False, info
 
-    def _advance(self, action: Any) -> tuple[bool, float]:
+    def _advance(self, action: Any) -> Generator[tuple, float, tuple[bool, float]]:
         """Run the simulator to the agent's next decision; return (episode over, reward credited meanwhile)."""
         try:
-            self._msg = self._gen.send(action) if self._msg is not None else next(self._gen)
-            while self._msg[0] != self.decision:  # pragma: no cover - envs attach exactly one decision kind
-                self._msg = self._gen.send(None)
+            msg = self._gen.send(action) if self._msg is not None else next(self._gen)
+            while msg[0] == "time":
+                msg = self._gen.send((yield msg))
+            self._msg = msg
             done = False
         except StopIteration:
             done = True

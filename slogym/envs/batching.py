@@ -37,6 +37,7 @@ with the same metrics as native runs, provided the batch's requests are among th
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import Any
 
 import numpy as np
@@ -84,12 +85,12 @@ class BatchingEnv(ServingEnv):
         sim.agent_schedule = True
         self._left = 0
 
-    def _advance(self, action: Any) -> tuple[bool, float]:
+    def _advance(self, action: Any) -> Generator[tuple, float, tuple[bool, float]]:
         """Between agent decisions (``quantum`` > 1) the last scores keep forming the batches."""
-        done, reward = super()._advance(action)
+        done, reward = yield from super()._advance(action)
         while not done and self._left > 0:
             self._left -= 1
-            done, r = super()._advance(self._form(self._msg[1], self._scores, self._level))
+            done, r = yield from super()._advance(self._form(self._msg[1], self._scores, self._level))
             reward += r
         return done, reward
 
