@@ -126,8 +126,7 @@ class BatchingEnv(ServingEnv):
         a = np.asarray(action, dtype=np.float64).reshape(-1)
         if a.shape != (self.K + 1,) or not np.isfinite(a).all() or (np.abs(a) > 1.0 + 1e-6).any():
             raise ValueError(f"action must be {self.K + 1} finite values in [-1, 1] ({self.action_space}); "
-                             f"got shape {a.shape}, min {np.nanmin(a) if a.size else None}, "
-                             f"max {np.nanmax(a) if a.size else None}")
+                             f"got shape {a.shape}, values {np.array2string(a, threshold=8, precision=3)}")
         inst = self._msg[1]
         cands = self.candidates(inst)
         self._scores = dict(zip(cands, a[: len(cands)].tolist()))

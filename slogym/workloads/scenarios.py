@@ -499,23 +499,38 @@ def _hf(name: str, ttft: float, tpot: float, inp: tuple[float, float], out: tupl
                    tier=f"P{level}")
 
 
+#: how ``default_rate`` was chosen (docs/scenarios.md "Calibration"; rerun after engine/simulator changes)
+CALIBRATION = ("llama3-8b-h100 x1, dslo attainment >= 0.9, 2 seeds x default_n arrivals (>= 60 s), 2026-11-21: "
+               "scripts/calibrate_scenarios.py")
+
+
+def _cal(sarathi: float, vllm: float, note: str = "") -> str:
+    """``ScenarioSpec.calibration``: measured capacities (req/s) of Sarathi (budget 512) and vLLM; default
+    rate = 0.8 x the better one, 2 significant digits."""
+    return f"{CALIBRATION}; capacity sarathi {sarathi:g}, vllm {vllm:g} req/s" + (f"; {note}" if note else "")
+
+
 _TEMPO_SINGLE_IN = _L(93, 244, p50=27, p95=391)
 _TEMPO_SINGLE_OUT = _L(318, 313, p50=225, p95=1024, hi=1024)
 _SA_CAP = 2047  # SA paper §5.1: "request lengths ... restricted to under 2k"
 
 SCENARIOS: dict[str, ScenarioSpec] = {s.name: s for s in (
     ScenarioSpec("chatbot", "ShareGPT chat; loose prefill, loose decode", f"{_SS}: ChatBot",
-                 (_CHAT,), "chat", 4.0, 2000, _SS_PRESETS),
+                 (_CHAT,), "chat", 21.0, 2000, _SS_PRESETS,
+                 _cal(14.1, 25.8)),
     ScenarioSpec("coder", "HumanEval coding; loose prefill, tight decode, bursty", f"{_SS}: Coder",
                  (_CODER,), "code", 6.0, 2000, _SS_PRESETS),
     ScenarioSpec("summarizer", "arXiv summarization; tight prefill, loose decode", f"{_SS}: Summarizer",
-                 (_SUMM,), "chat", 4.0, 2000, _SS_PRESETS),
+                 (_SUMM,), "chat", 7.0, 2000, _SS_PRESETS,
+                 _cal(5.19, 8.72)),
     ScenarioSpec("mixed", "ChatBot + Coder + Summarizer, equal shares, each with its own SLOs",
-                 f"{_SS}: Mixed", (_CHAT, _CODER, _SUMM), "chat", 4.0, 3000, _SS_PRESETS),
+                 f"{_SS}: Mixed", (_CHAT, _CODER, _SUMM), "chat", 11.0, 3000, _SS_PRESETS,
+                 _cal(9.51, 13.5)),
     ScenarioSpec("toolllm", "ToolBench agent loop, 2.7 +- 1.1 prefill-decode pairs with tool calls",
                  f"{_SS}: ToolLLM", (_TOOL,), "code", 2.0, 1000, _SS_PRESETS),
     ScenarioSpec("reasoning", "s1K reasoning: tight prefill, tight thinking decode, loose response decode",
-                 f"{_SS}: Reasoning", (_REASON,), "chat", 0.3, 500, _SS_PRESETS),
+                 f"{_SS}: Reasoning", (_REASON,), "chat", 0.6, 500, _SS_PRESETS,
+                 _cal(0.406, 0.745)),
     ScenarioSpec("polyserve-tiers", "Azure conversation lengths, TPOT tiers 20/30/50/100 ms at 10/20/30/40%",
                  "PolyServe (Zhu et al. 2025) §5.1 + trace-statistics table (splitwise row)",
                  (TieredApp("chat", 1.0,
@@ -525,18 +540,18 @@ SCENARIOS: dict[str, ScenarioSpec] = {s.name: s for s in (
                                                  lo=7, hi=1000),
                             tiers={0.020: 0.1, 0.030: 0.2, 0.050: 0.3, 0.100: 0.4},
                             ttft_choices=(0.3, 0.5, 1.0)),),
-                 "poisson", 5.0, 2000),
+                 "poisson", 9.9, 2000, calibration=_cal(12.4, 11.4)),
     ScenarioSpec("hyperflexis-4task", "medical_qa / tldr_content_gen / tldr_headline_gen / wikisql, equal shares",
                  "HyperFlexis (2025) Table 1, §7",
                  (_hf("medical_qa", 0.7, 0.5, (32.57, 10.32), (38.92, 16.83), 0, 4),
                   _hf("tldr_content_gen", 1.0, 0.7, (44.38, 6.58), (96.04, 35.03), 1, 4),
                   _hf("tldr_headline_gen", 2.0, 0.9, (121.82, 35.04), (13.59, 6.55), 2, 4),
                   _hf("wikisql", 20.0, 1.0, (643.22, 337.01), (27.82, 4.84), 3, 4)),
-                 "poisson", 20.0, 2000),
+                 "poisson", 94.0, 2000, calibration=_cal(108, 118)),
     ScenarioSpec("hyperflexis-2task", "gsm8k / sharegpt, equal shares", "HyperFlexis (2025) Table 1, §7",
                  (_hf("gsm8k", 0.7, 0.2, (51.44, 15.78), (90.13, 26.73), 0, 2),
                   _hf("sharegpt", 2.0, 0.5, (259.19, 324.88), (207.79, 234.99), 1, 2)),
-                 "poisson", 10.0, 2000),
+                 "poisson", 59.0, 2000, calibration=_cal(73.4, 61.7)),
     ScenarioSpec("tempo-mix", "latency-sensitive : throughput-intensive : collective (ToT 2x3) = 3:1:1",
                  "Tempo (Zhang et al. 2025) Table 2 (Chatbot workload), §6.1",
                  (ChatApp("latency_sensitive", 3.0, _TEMPO_SINGLE_IN, _TEMPO_SINGLE_OUT, ttft=2.0, tpot=0.1,
@@ -545,14 +560,14 @@ SCENARIOS: dict[str, ScenarioSpec] = {s.name: s for s in (
                           tier="ttlt"),
                   CollectiveApp("collective", 1.0, _L(1300, 912, p50=1097, p95=2767),
                                 _L(4458, 1176, p50=4417, p95=6452), tier="ttlt_collective")),
-                 "poisson", 1.5, 1000),
+                 "poisson", 9.2, 1000, calibration=_cal(11.5, 10.1)),
     ScenarioSpec("sa-mix", "ShareGPT chat (TTFT/TPOT) + Python-Code-23k code (end-to-end), 1:1",
                  "SA scheduler (Huang et al. 2025) §5.1; chat lengths from SLOs-Serve Table 4 ChatBot",
                  (ChatApp("chat", 1.0, _L(763, 424, p99=1591, hi=_SA_CAP), _L(266, 160, p99=619, hi=_SA_CAP),
                           ttft=10.0, tpot=0.05, tier="ttft_tpot"),
                   ChatApp("code", 1.0, _L(150, 120, hi=_SA_CAP), _L(150, 120, hi=_SA_CAP), ttlt=30.0,
                           tier="e2e")),
-                 "poisson", 4.0, 2000),
+                 "poisson", 32.0, 2000, calibration=_cal(39.7, 39.7)),
 )}
 
 

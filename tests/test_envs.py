@@ -1,0 +1,192 @@
+"""Gymnasium environments: checkers, seeding, expert replay == native baseline, masks, vector envs, errors."""
+
+from __future__ import annotations
+
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import slogym  # noqa: F401
+from slogym.baselines import make_policy
+from slogym.core.simulator import Simulator
+
+SMALL = dict(episode=40, seed=0, pool_requests=400)
+ENVS = [("slogym/Admission-v0", {}), ("slogym/Routing-v0", {"n_instances": 2, "policy": "round-robin"}),
+        ("slogym/Batching-v0", {"K": 16})]
+
+
+def play(env: gym.Env, pick) -> tuple[list[float], dict]:
+    rewards, done, info = [], False, {}
+    while not done:
+        _, r, done, _, info = env.step(pick(env))
+        rewards.append(r)
+    return rewards, info
+
+
+@pytest.mark.parametrize("env_id,kw", ENVS)
+def test_gymnasium_and_sb3_checkers(env_id, kw):
+    env = gym.make(env_id, **SMALL, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check_env(env.unwrapped, skip_render_check=True)
+    sb3 = pytest.importorskip("stable_baselines3.common.env_checker", reason="stable-baselines3 not installed")
+    sb3.check_env(gym.wrappers.FlattenObservation(gym.make(env_id, **SMALL, **kw)))
+
+
+def test_make_without_prior_import():
+    env = gym.make("slogym:slogym/Admission-v0", **SMALL)
+    assert env.action_space == gym.spaces.Discrete(3)
+
+
+@pytest.mark.parametrize("env_id,kw", ENVS)
+def test_seeded_reset_gives_identical_episodes(env_id, kw):
+    runs = []
+    for _ in range(2):
+        env = gym.make(env_id, **SMALL, **kw)
+        env.reset(seed=7)
+        env.action_space.seed(3)
+        rewards, info = play(env, lambda e: e.action_space.sample() if "Batching" in env_id else 0)
+        runs.append((rewards, info["summary"]["attainment"], info["summary"]["iterations"]))
+    assert runs[0] == runs[1]
+    other = gym.make(env_id, **SMALL, **kw)
+    obs_a, _ = other.reset(seed=7)
+    obs_b, _ = other.reset(seed=8)
+    assert any(not np.array_equal(obs_a[k], obs_b[k]) for k in obs_a)
+
+
+EXPERTS = [("slogym/Admission-v0", "sarathi", {}), ("slogym/Admission-v0", "vllm", {}),
+           ("slogym/Routing-v0", "round-robin", {"n_instances": 3}),
+           ("slogym/Routing-v0", "least-load", {"n_instances": 3}),
+           ("slogym/Routing-v0", "random", {"n_instances": 3}),
+           ("slogym/Batching-v0", "sarathi", {"K": 256}), ("slogym/Batching-v0", "vllm", {"K": 256}),
+           ("slogym/Batching-v0", "edf", {"K": 256})]
+
+
+@pytest.mark.parametrize("env_id,policy,kw", EXPERTS)
+def test_expert_replay_equals_native_baseline(env_id, policy, kw):
+    env = gym.make(env_id, scenario="mixed", rate_scale=2.0, episode=120, seed=0, pool_requests=600,
+                   policy=policy, **kw)
+    env.reset(seed=3)
+    _, info = play(env, lambda e: e.unwrapped.expert_action())
+    u = env.unwrapped
+    native = Simulator(u.sim.w, u.engine, make_policy(policy, u.engine), u.n_instances, seed=u.sim.seed).run()
+    assert u.sim.result().records.equals(native.result().records)
+    assert info["summary"]["attainment"] == native.result().summary["attainment"]
+
+
+def test_batching_expert_for_other_scheduler_changes_the_run():
+    env = gym.make("slogym/Batching-v0", scenario="mixed", rate_scale=2.0, episode=120, seed=0,
+                   pool_requests=600, K=256, policy="sarathi")
+    env.reset(seed=3)
+    _, edf = play(env, lambda e: e.unwrapped.expert_action("edf"))
+    env.reset(seed=3)
+    _, sar = play(env, lambda e: e.unwrapped.expert_action())
+    assert edf["summary"]["iterations"] != sar["summary"]["iterations"]
+
+
+def test_masks_exclude_exactly_the_requests_no_instance_can_hold():
+    env = gym.make("slogym/Routing-v0", n_instances=2, **SMALL).unwrapped
+    env.reset(seed=0)
+    r = env._msg[1]
+    assert env.action_masks().tolist() == [True, True, True]
+    env.sim.instances[1].total_blocks = int(env.sim._max_ctx[r]) // env.sim.instances[1].block_size - 1
+    assert env.action_masks().tolist() == [True, False, True]
+    with pytest.raises(ValueError, match="masked"):
+        env.step(1)
+    adm = gym.make("slogym/Admission-v0", **SMALL).unwrapped
+    adm.reset(seed=0)
+    assert adm.action_masks().tolist() == [True, True, True]
+    adm.sim.instances[0].total_blocks = 0
+    assert adm.action_masks().tolist() == [False, False, True]
+
+
+@pytest.mark.parametrize("env_id,kw,bad", [("slogym/Admission-v0", {}, 3), ("slogym/Routing-v0", {}, -1),
+                                           ("slogym/Batching-v0", {"K": 4}, np.full(5, 2.0)),
+                                           ("slogym/Batching-v0", {"K": 4}, np.full(5, np.nan)),
+                                           ("slogym/Batching-v0", {"K": 4}, np.zeros(3))])
+def test_invalid_actions_raise_with_space_and_value(env_id, kw, bad):
+    env = gym.make(env_id, **SMALL, **kw)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="action"):
+        env.step(bad)
+
+
+@pytest.mark.parametrize("kw,match", [({"scenario": "nope"}, "unknown scenario"), ({"rate_scale": -1.0}, "rate_scale"),
+                                      ({"K": 0}, "K=0"), ({"reward": "fun"}, "unknown reward"),
+                                      ({"policy": "magic"}, "unknown policy"), ({"split": "dev"}, "unknown split"),
+                                      ({"n_instances": 0}, "n_instances")])
+def test_bad_kwargs_raise_clear_errors(kw, match):
+    with pytest.raises(ValueError, match=match):
+        gym.make("slogym/Batching-v0", **(SMALL | kw))
+
+
+def test_splits_are_disjoint_and_test_is_held_out():
+    tr = gym.make("slogym/Admission-v0", split="train", **SMALL).unwrapped
+    te = gym.make("slogym/Admission-v0", split="test", **SMALL).unwrapped
+    assert tr._range[1] == te._range[0] and tr._range[0] == 0 and te._range[1] == len(te.pool)
+    for s in range(5):
+        tr.reset(seed=s)
+        assert tr.sim.w.name.startswith("chatbot[")
+        lo = int(tr.sim.w.name.split("[")[1].split(":")[0])
+        assert lo + len(tr.sim.w) <= tr._range[1]
+
+
+@pytest.mark.parametrize("reward", ["goodput", "attainment", "service_gain"])
+def test_reward_sums_match_the_run_summary(reward):
+    env = gym.make("slogym/Admission-v0", reward=reward, **SMALL)
+    env.reset(seed=2)
+    rewards, info = play(env, lambda e: 0)
+    s = info["summary"]
+    expected = {"goodput": s["attainment"] * s["n_requests"], "attainment": s["attainment"],
+                "service_gain": s["service_gain"] / 1000.0}[reward]
+    assert sum(rewards) == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("env_id,kw", ENVS)
+def test_native_vector_env_equals_independent_envs(env_id, kw):
+    n = 3
+    venv = gym.make_vec(env_id, num_envs=n, vectorization_mode="vector_entry_point", **SMALL, **kw)
+    envs = [gym.make(env_id, **SMALL, **kw) for _ in range(n)]
+    obs, _ = venv.reset(seed=10)
+    single = [e.reset(seed=10 + i)[0] for i, e in enumerate(envs)]
+    assert all(np.array_equal(single[i][k], obs[k][i]) for i in range(n) for k in obs)
+    venv.action_space.seed(0)
+    ended = np.zeros(n, bool)
+    for _ in range(60):
+        acts = venv.action_space.sample()
+        if "Batching" not in env_id:
+            acts = np.zeros(n, np.int64)
+        obs, rew, term, trunc, _ = venv.step(acts)
+        for i, e in enumerate(envs):
+            if ended[i]:
+                o, r = e.reset()[0], 0.0
+            else:
+                o, r, _, _, _ = e.step(acts[i])
+            assert r == rew[i]
+            assert all(np.array_equal(o[k], obs[k][i]) for k in o)
+        ended = term | trunc
+
+
+def test_sync_vector_env_runs():
+    venv = gym.make_vec("slogym/Admission-v0", num_envs=2, vectorization_mode="sync", **SMALL)
+    obs, _ = venv.reset(seed=0)
+    obs, rew, *_ = venv.step(np.zeros(2, np.int64))
+    assert rew.shape == (2,) and obs["request"].shape == (2, 8)
+
+
+def test_render_modes():
+    env = gym.make("slogym/Routing-v0", render_mode="ansi", n_instances=2, **SMALL)
+    env.reset(seed=0)
+    env.step(0)
+    line = env.render()
+    assert "route" in line and line.count("kv") == 2
+    pytest.importorskip("matplotlib")
+    env = gym.make("slogym/Batching-v0", render_mode="rgb_array", K=8, **SMALL)
+    env.reset(seed=0)
+    for _ in range(3):
+        env.step(env.unwrapped.expert_action())
+        img = env.render()
+    assert img.ndim == 3 and img.shape[2] == 3 and img.dtype == np.uint8 and img.std() > 0
