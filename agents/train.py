@@ -35,6 +35,7 @@ from stable_baselines3 import PPO
 import slogym  # noqa: F401  (registers the environments)
 from slogym.agents import env_policy, model_actor
 from slogym.agents.evaluation import evaluate, windows
+from slogym.workloads.scenarios import SCENARIOS
 
 ROOT = Path(__file__).resolve().parent
 
@@ -183,6 +184,7 @@ def main() -> None:
     model.save(out / f"{cfg['name']}.zip")
     meta = {
         "name": cfg["name"], "env_id": cfg["env_id"], "env_kwargs": cfg["env_kwargs"], "algo": cfg["algo"],
+        "arrival_rate": SCENARIOS[cfg["env_kwargs"]["scenario"]].default_rate * cfg["env_kwargs"].get("rate_scale", 1),
         "seed": seed, "total_timesteps": int(cfg["total_timesteps"]), "policy_kwargs": cfg["policy_kwargs"],
         "ppo": cfg["ppo"], "bc": bc_log, "selected": selected,
         "validation": {"seeds": val_seeds, "bc": val_bc, "bc_ppo": val_ppo if before is not None else None},

@@ -24,8 +24,8 @@ FF_FIELDS = WALL_FIELDS | {"ff_iterations"}
 
 # ---------------------------------------------------------------------------------------------- comparisons
 def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
+    if isinstance(a, float) and isinstance(b, float):  # np.float64 is a float: values must be identical
+        return (math.isnan(a) and math.isnan(b)) or float(a) == float(b)
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     return type(a) is type(b) and a == b

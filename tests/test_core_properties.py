@@ -174,7 +174,7 @@ def test_collective_stage_starts_after_previous_stage_finishes():
         assert stage0_end <= rs.first_scheduled[2] < stage0_end + 0.01
         assert rs.finish[2] <= rs.first_scheduled[3] < rs.finish[2] + 0.01
         assert rs.finish[2] < rs.finish[4]  # the standalone request was still running meanwhile
-        assert rs.first_scheduled[4] == 0.0
+        assert rs.first_scheduled[4] < stage0_end  # not held: it is no member of the group
         # TTFT is reported from the group's arrival
         assert sim.result().records["ttft"][3] == rs.first_token[3] - 0.0 > rs.finish[2]
 

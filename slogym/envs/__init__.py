@@ -24,6 +24,15 @@ def _vector(env_id: str, num_envs: int = 1, **kwargs: Any) -> gym.vector.VectorE
     return SlogymVectorEnv(env_id, num_envs, **kwargs)
 
 
+def make_flat_env(env_id: str, config: dict[str, Any] | None = None) -> gym.Env:
+    """``env_id`` with a flattened ``Box`` observation: the factory for SB3 or RLlib env runners
+    (``partial(make_flat_env, "slogym/Routing-v0")`` pickles by reference). An RLlib ``EnvContext``'s
+    ``worker_index`` offsets the seed so runners draw different episodes."""
+    cfg = dict(config or {})
+    cfg["seed"] = int(cfg.get("seed") or 0) + 1000 * int(getattr(config, "worker_index", 0))
+    return gym.wrappers.FlattenObservation(gym.make(env_id, **cfg))
+
+
 def register_envs() -> None:
     for env_id, entry in ENV_IDS.items():
         if env_id not in gym.registry:
