@@ -340,14 +340,15 @@ class Simulator:
             j = int(bad.argmax())
             raise SchedulerError(f"instance {inst.id}: request {idx[j]} scheduled {tok[j]} tokens; "
                                  f"it has {rem[j]} left to compute (must be 1..{rem[j]})")
-        if idx.size > 1 and not batch.steady:
+        if idx.size > 1:
             pos = np.arange(idx.size)
             rs.scratch[idx] = pos  # with a duplicate the later write wins and the earlier position disagrees
             if (rs.scratch[idx] != pos).any():
                 raise SchedulerError(f"instance {inst.id}: batch lists a request twice: {idx.tolist()}")
         if batch.spec is not None:
             spec = np.asarray(batch.spec)
-            if spec.shape != idx.shape or (spec < 0).any() or ((spec > 0) & (rem != 1)).any():
+            decoding = (rem == 1) & (self._skind[rs.stage[idx]] == _DECODE)
+            if spec.shape != idx.shape or (spec < 0).any() or ((spec > 0) & ~decoding).any():
                 raise SchedulerError(f"instance {inst.id}: batch.spec must be >= 0 per request and only set "
                                      f"on decode steps; got {spec.tolist()}")
 
@@ -419,7 +420,8 @@ class Simulator:
         h = self.w.arrival[self._na] if self._na < len(self.w) else INF
         if self._glob:
             h = min(h, self._glob[0][0])
-        if self._iter and (self.policy.router.coupled or self.global_queue):
+        if self._iter and (self.policy.router.coupled or self.global_queue or self._held):
+            # another instance's iteration end may finish a request that wakes one for this instance
             h = min(h, self._iter[0][0])
         return h
 
@@ -496,7 +498,7 @@ class Simulator:
         if k < 1:
             return None
         yield from self._apply_run(inst, idx, tok, nc0, is_dec, all_dec, np.minimum(m_dec, k), left,
-                                   ends[:k], dts[:k])
+                                   t, ends[:k], dts[:k])
         return float(ends[k - 1]), same
 
     def _ff_fit_kv(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, nc0: np.ndarray, k: int) -> int:
@@ -520,7 +522,8 @@ class Simulator:
         return lo
 
     def _apply_run(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, nc0: np.ndarray, is_dec: np.ndarray,
-                   all_dec: bool, q: np.ndarray, left: np.ndarray, ends: np.ndarray, dts: np.ndarray) -> _Gen:
+                   all_dec: bool, q: np.ndarray, left: np.ndarray, t: float, ends: np.ndarray,
+                   dts: np.ndarray) -> _Gen:
         """Account ``len(ends)`` iterations of a steady batch exactly as stepping would, in bulk.
 
         ``q`` is each decode request's number of tokens in the stretch (fewer than ``len(ends)`` for those that
@@ -542,7 +545,7 @@ class Simulator:
         rs.I[idx] = rows
         inst.free_blocks -= int(new_blocks.sum())
         if inst.waiting:
-            self._admit(inst, idx, float(ends[0] - dts[0]))
+            self._admit(inst, idx, t)
         dec = idx if all_dec else idx[is_dec]
         if dec.size:
             self._emit_run(dec, q, ends)
@@ -668,8 +671,9 @@ class Simulator:
         ok = (u < self.spec_acceptance) | (np.arange(u.shape[1])[None, :] >= spec[:, None])
         accepted = np.where(ok.all(axis=1), spec, ok.argmin(axis=1))
         accepted = np.minimum(accepted, rs.stage_len[idx] - rs.gen_in_stage[idx] - 1)
-        for step in range(int(accepted.max())):
-            self._emit_tokens(idx[accepted > step], t)
+        with np.errstate(divide="ignore"):  # drafts arrive together: a zero gap, f = 1
+            for step in range(int(accepted.max())):
+                self._emit_tokens(idx[accepted > step], t)
         keep = -(-(rs.num_computed[idx] + tok + accepted) // inst.block_size)
         freed = np.maximum(rs.kv_blocks[idx] - keep, 0)
         rs.kv_blocks[idx] -= freed
