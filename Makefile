@@ -15,8 +15,10 @@ $(VENV)/.core: pyproject.toml | $(BIN)/python
 	$(PIP) -e .
 	touch $@
 
+# torch first and pinned (the CPU wheel); an unpinned resolve would pull CUDA builds
 $(VENV)/.dev: pyproject.toml $(VENV)/.core
-	$(PIP) -e ".[dev]"
+	$(PIP) torch==2.13.0
+	$(PIP) -e ".[dev,rl]"
 	touch $@
 
 run: $(VENV)/.core
