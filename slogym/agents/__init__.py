@@ -101,7 +101,8 @@ class EnvRouter(Router):
 
 
 class EnvScheduler(Scheduler):
-    """A Scheduler that forms each batch from ``act`` on a Batching-v0 observation (the env's score rule)."""
+    """A Scheduler that forms each batch from ``act`` on a Batching-v0 observation (the env's score rule).
+    Every iteration asks ``act`` (the env's ``quantum`` reuse of scores applies only inside the env)."""
 
     def __init__(self, env: "ServingEnv", act: Actor) -> None:
         self.env, self.act = env, act
@@ -109,7 +110,6 @@ class EnvScheduler(Scheduler):
     def reset(self, sim: "Simulator") -> None:
         _check_compatible(self.env, sim)
         self.env.attach(sim)
-        self.env._left = 0
 
     def next_batch(self, inst: "Instance", now: float) -> "Batch | None":
         return self.env._to_sim_action(self.act(self.env.observe(("schedule", inst, now))))

@@ -8,6 +8,7 @@ import numpy as np
 
 from slogym.core.batch import Batch
 from slogym.core.instance import Instance
+from slogym.core.policy import Scheduler
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -81,6 +82,60 @@ def fill_prefill_chunks(inst: Instance, candidates: list[int], budget: int, free
         used += max(-(-(nc + chunk) // bs) - held, 0)
         budget -= chunk
     return reqs, toks, used, repeatable
+
+
+class TokenBudgetScheduler(Scheduler):
+    """Base of schedulers that fill a per-iteration token budget (Sarathi-Serve, EDF, ...)."""
+
+    steady_through_finish = True
+
+    def __init__(self, token_budget: int = 512, max_num_seqs: int = 256) -> None:
+        if token_budget < 1 or max_num_seqs < 1:
+            raise ValueError(f"token_budget={token_budget} and max_num_seqs={max_num_seqs} must be >= 1")
+        self.token_budget = token_budget
+        self.max_num_seqs = max_num_seqs
+
+
+class BatchBuilder:
+    """A batch under construction: a token ``budget`` left, ``free`` KV blocks left, at most ``max_seqs``.
+
+    ``take(r)`` adds request ``r`` if it fits -- a decode step takes one token and its KV growth, a prefill a
+    chunk of ``min(remaining, budget left, KV that fits)`` tokens -- and tells whether it did.
+    """
+
+    def __init__(self, inst: Instance, budget: int, free: int, max_seqs: int = 1 << 30) -> None:
+        self.inst, self.budget, self.free, self.max_seqs = inst, budget, free, max_seqs
+        self.reqs: list[int] = []
+        self.toks: list[int] = []
+
+    @property
+    def full(self) -> bool:
+        return self.budget <= 0 or len(self.reqs) >= self.max_seqs
+
+    def is_decode(self, r: int) -> bool:
+        return int(self.inst.remaining([r])[0]) == 1
+
+    def decode_need(self, r: int) -> int:
+        return int(self.inst.blocks_needed([r], 1)[0])
+
+    def take(self, r: int) -> bool:
+        if self.is_decode(r):
+            need = self.decode_need(r)
+            if need > self.free:
+                return False
+            self.reqs.append(r)
+            self.toks.append(1)
+            self.free -= need
+            self.budget -= 1
+            return True
+        got, chunks, used, _ = fill_prefill_chunks(self.inst, [r], self.budget, self.free, 1)
+        if not got:
+            return False
+        self.reqs.append(r)
+        self.toks.append(chunks[0])
+        self.free -= used
+        self.budget -= chunks[0]
+        return True
 
 
 def unstick(inst: Instance, victim_key: Callable[[int], float]) -> Batch | None:

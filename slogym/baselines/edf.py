@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from slogym.baselines.common import (batch_of, fill_prefill_chunks, make_room_for_decodes, split_running,
-                                     unstick)
+from slogym.baselines.common import (BatchBuilder, TokenBudgetScheduler, batch_of, make_room_for_decodes,
+                                     split_running, unstick)
 from slogym.core.batch import Batch
 from slogym.core.instance import Instance
-from slogym.core.policy import Scheduler
 
 
 def next_deadline(inst: Instance, reqs: np.ndarray) -> np.ndarray:
@@ -24,15 +23,7 @@ def next_deadline(inst: Instance, reqs: np.ndarray) -> np.ndarray:
     return np.where(rs.be[reqs], np.inf, rs.next_deadline(inst.sim.w, reqs))
 
 
-class EDFScheduler(Scheduler):
-    steady_through_finish = True
-
-    def __init__(self, token_budget: int = 512, max_num_seqs: int = 256) -> None:
-        if token_budget < 1 or max_num_seqs < 1:
-            raise ValueError(f"token_budget={token_budget} and max_num_seqs={max_num_seqs} must be >= 1")
-        self.token_budget = token_budget
-        self.max_num_seqs = max_num_seqs
-
+class EDFScheduler(TokenBudgetScheduler):
     def next_batch(self, inst: Instance, now: float) -> Batch | None:
         dec, pre = split_running(inst)
         if not (dec.size or pre.size or inst.waiting):
@@ -46,30 +37,13 @@ class EDFScheduler(Scheduler):
                          dtype=np.int64)
         dl = next_deadline(inst, cands)
         order = np.argsort(dl, kind="stable")
-        n_dec = dec.size
-        budget, slots = self.token_budget, self.max_num_seqs
-        free = inst.free_blocks + sum(int(inst.sim.rs.kv_blocks[v]) for v in victims)
-        reqs: list[int] = []
-        toks: list[int] = []
+        b = BatchBuilder(inst, self.token_budget, inst.free_blocks + sum(int(inst.sim.rs.kv_blocks[v])
+                                                                         for v in victims), self.max_num_seqs)
         for j in order.tolist():
-            if budget <= 0 or len(reqs) >= slots:
+            if b.full:
                 break
-            r = int(cands[j])
-            if j < n_dec:  # a decode step: one token if its KV can grow
-                need = int(inst.blocks_needed([r], 1)[0])
-                if need > free:
-                    continue
-                reqs.append(r)
-                toks.append(1)
-                free -= need
-                budget -= 1
-                continue
-            got, chunks, used, _ = fill_prefill_chunks(inst, [r], budget, free, 1)
-            if got:  # a prefill that does not fit waits; later deadlines may still run
-                reqs.append(r)
-                toks.append(chunks[0])
-                free -= used
-                budget -= chunks[0]
+            b.take(int(cands[j]))  # a candidate that does not fit waits; later deadlines may still run
+        reqs, toks = b.reqs, b.toks
         if not reqs and not victims:
             return unstick(inst, lambda r: dl_of.get(r, np.inf))
         all_running = not inst.waiting and not pre.size and len(reqs) == len(inst.running)

@@ -13,22 +13,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from slogym.baselines.common import (batch_of, fill_prefill_chunks, make_room_for_decodes, split_running,
-                                     unstick)
+from slogym.baselines.common import (TokenBudgetScheduler, batch_of, fill_prefill_chunks, make_room_for_decodes,
+                                     split_running, unstick)
 from slogym.core.batch import Batch
 from slogym.core.instance import Instance
-from slogym.core.policy import Scheduler
 
 
-class SarathiScheduler(Scheduler):
-    steady_through_finish = True
-
-    def __init__(self, token_budget: int = 512, max_num_seqs: int = 256) -> None:
-        if token_budget < 1 or max_num_seqs < 1:
-            raise ValueError(f"token_budget={token_budget} and max_num_seqs={max_num_seqs} must be >= 1")
-        self.token_budget = token_budget
-        self.max_num_seqs = max_num_seqs
-
+class SarathiScheduler(TokenBudgetScheduler):
     def next_batch(self, inst: Instance, now: float) -> Batch | None:
         dec, pre = split_running(inst)
         if not (dec.size or pre.size or inst.waiting):

@@ -44,7 +44,7 @@ import numpy as np
 from gymnasium import spaces
 
 from slogym.baselines import make_policy
-from slogym.baselines.common import fill_prefill_chunks
+from slogym.baselines.common import BatchBuilder
 from slogym.core.batch import Batch
 from slogym.core.instance import Instance
 from slogym.core.simulator import Simulator
@@ -143,42 +143,24 @@ class BatchingEnv(ServingEnv):
         preempt = [r for r, s in zip(cands, sc) if s < PREEMPT and r in running]
         free = inst.free_blocks + sum(int(rs.kv_blocks[r]) for r in preempt)
         order = sorted((i for i, s in enumerate(sc) if s >= SKIP), key=lambda i: -sc[i])
-        budget = budget_of(level)
+        b = BatchBuilder(inst, budget_of(level), free)
         # lowest-scored running candidates are the victims when a decode step finds no free block
         victims = sorted((i for i, s in enumerate(sc) if cands[i] in running and s >= PREEMPT), key=lambda i: sc[i])
-        reqs: list[int] = []
-        toks: list[int] = []
-        taken: set[int] = set()
         for i in order:
-            if budget <= 0:
+            if b.full:
                 break
             r = cands[i]
-            if r in taken or r in preempt:
+            if r in preempt:
                 continue
-            rem = int(rs.num_tokens[r] - rs.num_computed[r])
-            if rem == 1:
-                need = int(inst.blocks_needed([r], 1)[0])
-                while need > free and victims and sc[victims[0]] < sc[i]:
+            if b.is_decode(r):
+                need = b.decode_need(r)
+                while need > b.free and victims and sc[victims[0]] < sc[i]:
                     v = cands[victims.pop(0)]
-                    if v in taken or v in preempt:
-                        continue
-                    preempt.append(v)
-                    free += int(rs.kv_blocks[v])
-                if need > free:
-                    continue
-                reqs.append(r)
-                toks.append(1)
-                free -= need
-                budget -= 1
-            else:
-                got, chunks, used, _ = fill_prefill_chunks(inst, [r], budget, free, 1)
-                if not got:
-                    continue
-                reqs.append(r)
-                toks.append(chunks[0])
-                free -= used
-                budget -= chunks[0]
-            taken.add(r)
+                    if v not in b.reqs and v not in preempt:
+                        preempt.append(v)
+                        b.free += int(rs.kv_blocks[v])
+            b.take(r)
+        reqs, toks = b.reqs, b.toks
         return Batch(req=np.array(reqs, np.int64), tokens=np.array(toks, np.int64), preempt=tuple(preempt))
 
     def expert_action(self, name: str | None = None, **params: Any) -> np.ndarray:
