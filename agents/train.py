@@ -8,10 +8,10 @@ Overrides are ``dotted.key=value`` (values parsed as YAML), e.g. ``env_kwargs.ra
 Steps: (1) config; (2) environments -- training episodes come from ``split="train"`` windows, evaluation from
 the held-out ``split="test"`` windows; (3) the model (SB3 ``PPO`` for Box actions, ``MaskablePPO`` for discrete
 ones) on the flattened observation; (4) optional behaviour cloning from the env's ``expert_action``:
-maximum likelihood of the expert's actions plus a value-head fit to the expert's discounted returns;
-(5) PPO fine-tuning; (6) model selection on *training-split* validation windows (the BC-only weights are kept
-if fine-tuning made them worse); (7) evaluation on test windows and saving. Everything runs on one CPU thread; the metadata records wall and CPU seconds (they differ when the machine is
-shared).
+cross-entropy (discrete) or squared error of the mean action (Box), plus a value-head fit to the expert's
+discounted returns; (5) PPO fine-tuning; (6) model selection on *training-split* validation windows (the
+BC-only weights are kept if fine-tuning made them worse); (7) evaluation on test windows and saving.
+Everything runs on one CPU thread; the metadata records wall and CPU seconds (they differ on a shared machine).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from stable_baselines3 import PPO
 import slogym  # noqa: F401  (registers the environments)
 from slogym.agents import env_policy, model_actor
 from slogym.agents.evaluation import evaluate, windows
+from slogym.envs.batching import level_of
 from slogym.workloads.scenarios import SCENARIOS
 
 ROOT = Path(__file__).resolve().parent
@@ -64,15 +65,20 @@ def make_env(cfg: dict[str, Any], split: str) -> gym.Env:
 
 
 # ---------------------------------------------------------------------------------------------- 4. imitation
-def expert_rollouts(env: gym.Env, expert: str | None, steps: int, gamma: float, seed: int
-                    ) -> dict[str, np.ndarray]:
+def expert_rollouts(env: gym.Env, expert: str | None, steps: int, gamma: float, seed: int,
+                    min_budget: int | None = None) -> dict[str, np.ndarray]:
     """``steps`` transitions of the expert on training windows: observations, actions, masks and the
-    discounted return from each step to its episode's end."""
+    discounted return from each step to its episode's end. With ``min_budget`` (Batching-v0) the budget-level
+    target is raised to at least that many tokens: the expert's level is its batch's exact token count, so a
+    slightly low imitation would cut members out of the batch, while extra budget adds none (non-members keep
+    negative scores)."""
     raw = env.unwrapped
     obs_l, act_l, mask_l, rew_l, done_l = [], [], [], [], []
     obs, _ = env.reset(seed=seed)
     while len(obs_l) < steps:
         a = raw.expert_action(expert) if expert else raw.expert_action()
+        if min_budget:
+            a[-1] = max(a[-1], level_of(min_budget))
         obs_l.append(obs)
         act_l.append(a)
         mask_l.append(raw.action_masks() if hasattr(raw, "action_masks") else np.ones(1, bool))
@@ -92,14 +98,15 @@ def expert_rollouts(env: gym.Env, expert: str | None, steps: int, gamma: float, 
 
 def behaviour_clone(model: Any, data: dict[str, np.ndarray], epochs: int, batch_size: int, lr: float,
                     seed: int) -> list[float]:
-    """Maximise the policy's log-likelihood of the expert actions and fit the value head to the returns;
-    returns the mean loss per epoch."""
+    """Fit the policy to the expert -- cross-entropy of its action for discrete actions, squared error of the
+    Gaussian mean for Box actions (the exploration std is left to PPO) -- and the value head to the expert's
+    returns (scaled by their mean magnitude); returns the mean loss per epoch."""
     pol = model.policy
     opt = torch.optim.Adam(pol.parameters(), lr=lr)
     obs, act = torch.as_tensor(data["obs"]), torch.as_tensor(data["act"])
     ret = torch.as_tensor(data["ret"])
-    masks = data["mask"] if isinstance(model, MaskablePPO) else None
-    scale = float(ret.abs().mean()) + 1e-8  # keeps the value loss on the scale of the likelihood term
+    masked = isinstance(model, MaskablePPO)
+    scale = float(ret.abs().mean()) + 1e-8
     rng = np.random.default_rng(seed)
     losses = []
     pol.set_training_mode(True)
@@ -107,13 +114,17 @@ def behaviour_clone(model: Any, data: dict[str, np.ndarray], epochs: int, batch_
         perm, total = rng.permutation(len(obs)), 0.0
         for lo in range(0, len(obs), batch_size):
             b = perm[lo:lo + batch_size]
-            kw = {"action_masks": masks[b]} if masks is not None else {}
-            values, logp, _ = pol.evaluate_actions(obs[b], act[b], **kw)
-            loss = -logp.mean() + 0.5 * (((values.flatten() - ret[b]) / scale) ** 2).mean()
+            if masked:
+                values, logp, _ = pol.evaluate_actions(obs[b], act[b], action_masks=data["mask"][b])
+                imitation = -logp.mean()
+            else:
+                values = pol.predict_values(obs[b])
+                imitation = ((pol.get_distribution(obs[b]).distribution.mean - act[b]) ** 2).sum(1).mean()
+            loss = imitation + 0.5 * (((values.flatten() - ret[b]) / scale) ** 2).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
-            total += float(loss) * len(b)
+            total += loss.item() * len(b)
         losses.append(total / len(obs))
     pol.set_training_mode(False)
     return losses
@@ -152,8 +163,10 @@ def main() -> None:
     bc = cfg.get("bc") or {}
     bc_log: dict[str, Any] = {"steps": int(bc.get("steps", 0))}
     if bc_log["steps"]:
-        data = expert_rollouts(make_env(cfg, "train"), bc.get("expert"), bc_log["steps"], model.gamma, seed + 1)
+        data = expert_rollouts(make_env(cfg, "train"), bc.get("expert"), bc_log["steps"], model.gamma, seed + 1,
+                               bc.get("min_budget"))
         bc_log |= {"expert": bc.get("expert") or cfg["env_kwargs"]["policy"], "epochs": bc["epochs"],
+                   "min_budget": bc.get("min_budget"),
                    "losses": behaviour_clone(model, data, int(bc["epochs"]), int(bc["batch_size"]),
                                              float(bc["learning_rate"]), seed)}
         print(f"BC: {bc_log['steps']} expert steps, loss {bc_log['losses'][0]:.3f} -> {bc_log['losses'][-1]:.3f}")

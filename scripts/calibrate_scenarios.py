@@ -18,6 +18,7 @@ when no trace is found). See docs/scenarios.md "Calibration".
 
     .venv/bin/python scripts/calibrate_scenarios.py        # all scenarios, 2 seeds x default_n requests
     .venv/bin/python scripts/calibrate_scenarios.py --scenarios coder toolllm --json out.json
+    .venv/bin/python scripts/calibrate_scenarios.py --arrival-stats   # fingerprints vs the real traces
 """
 
 from __future__ import annotations
@@ -133,6 +134,31 @@ def _at_task(args: tuple) -> tuple:
     return scenario, policy, measure(cfg, scenario, policy, rate)
 
 
+def arrival_stats(trace_dir: Path, seeds: int = 16) -> None:
+    """Statistics (``arrivals.gap_statistics``, plus the most arrivals in any 100 ms window) of each arrival
+    fingerprint at its trace's own rate, mean over ``seeds`` runs of one trace length, next to the embedded
+    reference and, where the trace is available, the real trace."""
+    keys = list(arr.REFERENCE_KEYS) + ["max_in_100ms"]
+
+    def stats(t: np.ndarray) -> dict[str, float]:
+        s = arr.gap_statistics(t)
+        s["max_in_100ms"] = float(np.bincount(((t - t[0]) / 0.1).astype(np.int64)).max())
+        return s
+
+    for name, p in arr.PATTERNS.items():
+        cols: dict[str, dict[str, float]] = {"reference": dict(p.reference)}
+        tf = trace_dir / TRACE_FILES[name]
+        if tf.is_file():
+            cols["real trace"] = stats(_trace_times(tf))
+        n = int(round(p.trace_rate * 3440))
+        runs = [stats(arr.pattern(name, p.trace_rate, n=n, rng=s)) for s in range(seeds)]
+        cols[f"model (mean of {seeds})"] = {k: float(np.mean([r[k] for r in runs])) for k in keys}
+        print(f"{name}: {p.source}; model {type(p).__name__}")
+        print(f"  {'statistic':<16}" + "".join(f"{c:>20}" for c in cols))
+        for k in keys:
+            print(f"  {k:<16}" + "".join(f"{c[k]:>20.4g}" if k in c else f"{'-':>20}" for c in cols.values()))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--engine", default="llama3-8b-h100")
@@ -150,7 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace-dir", default=str(ROOT.parent / "shared" / "traces"))
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--arrival-stats", action="store_true",
+                    help="only print the arrival fingerprints' statistics vs the real traces")
     a = ap.parse_args(argv)
+    if a.arrival_stats:
+        arrival_stats(Path(a.trace_dir))
+        return 0
     for s in a.scenarios:
         if s not in SCENARIOS:
             ap.error(f"unknown scenario {s!r}; valid: {list(SCENARIOS)}")

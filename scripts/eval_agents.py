@@ -31,14 +31,13 @@ def baselines(env: Any) -> list[Contender]:
     """(label, policy factory) of the baselines making the agent's decision; the naive one first."""
     if env.decision == "schedule":
         return [(f"{s}{' (naive)' if s == 'vllm' else ''}",
-                 lambda e, i, s=s: make_policy(s, e.engine, router=e.policy_name if e.policy_name in
-                                               ("round-robin", "random", "least-load") else None))
+                 lambda e, i, s=s: make_policy(s, e.engine, router=make_policy(e.policy_name, e.engine).router))
                 for s in ("vllm", "sarathi", "edf")]
     base = env.policy_name
     if type(env).__name__ == "AdmissionEnv":
         return [("admit-all (naive; every baseline router)", lambda e, i: make_policy(base, e.engine))]
-    return [(f"{r}{' (naive)' if r == 'round-robin' else ''}", lambda e, i, r=r: make_policy(base, e.engine, router=r))
-            for r in ("round-robin", "least-load")]
+    return [(f"{r}{' (naive)' if r == 'round-robin' else ''}",
+             lambda e, i, r=r: make_policy(base, e.engine, router=r)) for r in ("round-robin", "least-load")]
 
 
 def table(name: str, seeds: list[int]) -> str:
@@ -62,6 +61,19 @@ def table(name: str, seeds: list[int]) -> str:
     return "\n".join(lines)
 
 
+def training_table(names: list[str]) -> str:
+    """How each agent was trained, from its metadata."""
+    lines = ["| agent | algorithm | BC (expert, steps) | PPO steps | shipped weights | wall s | CPU s | "
+             "train arrival rate |", "|---|---|---|---|---|---|---|---|"]
+    for n in names:
+        m = read_metadata(n)
+        bc = f"{m['bc']['expert']}, {m['bc']['steps']}" if m["bc"]["steps"] else "none"
+        lines.append(f"| {n} | {m['algo']} | {bc} | {m['total_timesteps']} | {m['selected']} | "
+                     f"{m['train_wall_seconds']} | {m.get('train_cpu_seconds', 'n/a')} | "
+                     f"{m.get('arrival_rate', float('nan')):.2f} req/s |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--agents", nargs="*", default=None, help="default: every shipped agent")
@@ -69,7 +81,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     names = args.agents or available()
-    out = [table(n, args.seeds) for n in names]
+    out = [training_table(names)] + [table(n, args.seeds) for n in names]
     cmd = "python scripts/eval_agents.py" + (f" --agents {' '.join(args.agents)}" if args.agents else "") + \
         f" --seeds {' '.join(map(str, args.seeds))}"
     print("\n\n".join(out) + f"\n\nReproduce: `{cmd}` (test split, seeds {args.seeds}; mean (std) over windows)")

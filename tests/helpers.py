@@ -126,7 +126,7 @@ class SpecScheduler(Scheduler):
             return b
         idx = np.asarray(b.req, np.int64)
         tok = np.asarray(b.tokens, np.int64)
-        # decode steps only (a last prefill chunk of one token also has remaining == 1: see the xfail test
+        # decode steps only (a last prefill chunk of one token also has remaining == 1: see
         # test_spec_on_last_prefill_chunk_is_rejected_or_harmless)
         dec = (inst.remaining(idx) == 1) & (inst.sim.w.stage_kind[inst.sim.rs.stage[idx]] == StageKind.DECODE)
         spec = np.where(dec, self.sl, 0).astype(np.int64)

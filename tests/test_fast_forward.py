@@ -65,8 +65,6 @@ def test_fast_forward_equals_stepping_single_instance_with_groups(w, engine, pol
     assert_runs_equal(ra, rb, ignore=FF_FIELDS)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: fast-forward horizon ignores collective-group releases caused by "
-                   "another instance's iteration end; the released request joins a fast-forwarded instance late")
 def test_fast_forward_with_group_release_from_another_instance():
     """r0 (group 0, stage 0) finishes quickly on instance 0 and releases r3 (stage 1), which round-robin sends to
     instance 1; instance 1 is in a long steady decode of r1 that fast-forward ran to the next arrival."""
@@ -84,8 +82,6 @@ def test_fast_forward_with_group_release_from_another_instance():
     assert_runs_equal(ra, rb, ignore=FF_FIELDS)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: fast-forward of prefill chunks sets first_scheduled 1 ulp before "
-                   "the arrival (0.05999999999999999 for arrival 0.06); stepping gives exactly 0.06")
 def test_ff_first_scheduled_is_exact():
     eng = ToyEngine(kv_capacity_tokens=64, block_size=1, max_num_seqs=2, max_num_batched_tokens=32)
     w = Workload.from_requests([Request(a, [prefill(p), decode(1)])

@@ -129,8 +129,6 @@ def test_request_on_other_instance_raises():
              when=lambda inst: inst.id == 0 and inst.sim.rs.instance[1] == 1)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: _check_batch skips the duplicate-request check for steady batches; "
-                   "a steady batch listing a request twice is accepted and its token accounting corrupted")
 def test_steady_batch_with_duplicate_raises():
     def make(inst):
         r = inst.running[0]

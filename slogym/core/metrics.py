@@ -185,4 +185,4 @@ def run_summary(sim: "Simulator", df: pd.DataFrame) -> dict[str, Any]:
     summary.update(_pct(df.loc[served, "mean_tpot"].to_numpy(), "tpot"))
     summary.update(_pct(df.loc[served, "ttlt"].to_numpy(), "ttlt"))
     summary["requests_per_wall_second"] = len(w) / summary["wall_seconds"] if summary["wall_seconds"] else None
-    return summary
+    return {k: float(v) if isinstance(v, np.floating) else v for k, v in summary.items()}

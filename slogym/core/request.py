@@ -289,7 +289,7 @@ class Workload:
             raise WorkloadError("stage_ptr must have n+1 entries starting at 0")
         if not np.all(np.isfinite(self.arrival)):
             i = int(np.flatnonzero(~np.isfinite(self.arrival))[0])
-            raise WorkloadError(f"request {i}: field 'arrival' is {self.arrival[i]!r} (must be finite)")
+            raise WorkloadError(f"request {i}: field 'arrival' is {float(self.arrival[i])} (must be finite)")
         if n and np.any(np.diff(self.arrival) < 0):
             i = int(np.flatnonzero(np.diff(self.arrival) < 0)[0]) + 1
             raise WorkloadError(f"request {i}: field 'arrival' decreases ({self.arrival[i - 1]} -> {self.arrival[i]})")
@@ -314,7 +314,7 @@ class Workload:
             if np.any(bad):
                 j = int(np.flatnonzero(bad)[0])
                 i = int(np.searchsorted(self.stage_ptr, j, side="right") - 1)
-                raise WorkloadError(f"request {i}: stage {j - self.stage_ptr[i]} field {f[6:]!r} is {a[j]!r}")
+                raise WorkloadError(f"request {i}: stage {j - self.stage_ptr[i]} field {f[6:]!r} is {float(a[j])}")
         # an external stage must be followed by a prefill (the tool result) and cannot end the request
         nxt = np.append(kinds[1:], -1)
         last = np.zeros(len(kinds), dtype=bool)

@@ -627,7 +627,8 @@ class Simulator:
             is_dec = kinds == _DECODE
             dec = emit if is_dec.all() else emit[is_dec]
             if dec.size:
-                transitions.extend(self._emit_tokens(dec, t).tolist())
+                with np.errstate(divide="ignore"):  # after accepted drafts the bonus token's gap is 0: f = 1
+                    transitions.extend(self._emit_tokens(dec, t).tolist())
             if not is_dec.all():
                 transitions.extend(r for r in emit[~is_dec].tolist() if self._end_prefill(r, t))
         for r in transitions:
@@ -671,7 +672,7 @@ class Simulator:
         ok = (u < self.spec_acceptance) | (np.arange(u.shape[1])[None, :] >= spec[:, None])
         accepted = np.where(ok.all(axis=1), spec, ok.argmin(axis=1))
         accepted = np.minimum(accepted, rs.stage_len[idx] - rs.gen_in_stage[idx] - 1)
-        with np.errstate(divide="ignore"):  # drafts arrive together: a zero gap, f = 1
+        with np.errstate(divide="ignore"):  # drafts arrive together: zero gaps, f = 1
             for step in range(int(accepted.max())):
                 self._emit_tokens(idx[accepted > step], t)
         keep = -(-(rs.num_computed[idx] + tok + accepted) // inst.block_size)
