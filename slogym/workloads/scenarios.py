@@ -519,9 +519,10 @@ SCENARIOS: dict[str, ScenarioSpec] = {s.name: s for s in (
                  (_CHAT,), "chat", 21.0, 2000, _SS_PRESETS,
                  _cal(14.1, 25.8)),
     ScenarioSpec("coder", "HumanEval coding; loose prefill, tight decode, bursty", f"{_SS}: Coder",
-                 (_CODER,), "code", 1.1, 2000, _SS_PRESETS,
-                 _cal(0, 0, "no capacity with the code fingerprint (bursts at every rate); default from time-scaled "
-                            "azure_code_2023 replay: sarathi 1.16, vllm 1.32 (Poisson: 14.3, 15.6)")),
+                 (_CODER,), "code", 0.68, 2000, _SS_PRESETS,
+                 _cal(0.848, 0.778, "recalibrated 2026-11-21 with the correlated-gap code fingerprint (the earlier "
+                                    "Gamma one had no capacity); time-scaled azure_code_2023 replay: sarathi 1.16, "
+                                    "vllm 1.32; Poisson: 14.3, 15.6")),
     ScenarioSpec("summarizer", "arXiv summarization; tight prefill, loose decode", f"{_SS}: Summarizer",
                  (_SUMM,), "chat", 7.0, 2000, _SS_PRESETS,
                  _cal(5.19, 8.72)),
@@ -529,9 +530,10 @@ SCENARIOS: dict[str, ScenarioSpec] = {s.name: s for s in (
                  f"{_SS}: Mixed", (_CHAT, _CODER, _SUMM), "chat", 11.0, 3000, _SS_PRESETS,
                  _cal(9.51, 13.5)),
     ScenarioSpec("toolllm", "ToolBench agent loop, 2.7 +- 1.1 prefill-decode pairs with tool calls",
-                 f"{_SS}: ToolLLM", (_TOOL,), "code", 0.12, 1000, _SS_PRESETS,
-                 _cal(0, 0, "no capacity with the code fingerprint (bursts at every rate); default from time-scaled "
-                            "azure_code_2023 replay: sarathi 0.105, vllm 0.149 (Poisson: 2.18, 3.22)")),
+                 f"{_SS}: ToolLLM", (_TOOL,), "code", 0.16, 1000, _SS_PRESETS,
+                 _cal(0.115, 0.202, "recalibrated 2026-11-21 with the correlated-gap code fingerprint (the earlier "
+                                    "Gamma one had no capacity); time-scaled azure_code_2023 replay: sarathi "
+                                    "0.105, vllm 0.149; Poisson: 2.18, 3.22")),
     ScenarioSpec("reasoning", "s1K reasoning: tight prefill, tight thinking decode, loose response decode",
                  f"{_SS}: Reasoning", (_REASON,), "chat", 0.6, 500, _SS_PRESETS,
                  _cal(0.406, 0.745)),
