@@ -343,6 +343,42 @@ def cmd_profile_run(args: argparse.Namespace) -> int:
                      "tool and fit the records with 'slogym profile fit'")
 
 
+def cmd_leaderboard(args: argparse.Namespace) -> int:
+    from slogym.leaderboard import QUICK_SCENARIOS, BoardConfig, build, default_policies
+    from slogym.workloads.scenarios import list_scenarios
+
+    scenarios = (args.scenarios.split(",") if args.scenarios
+                 else list(QUICK_SCENARIOS) if args.quick else list_scenarios())
+    policies = args.policies.split(",") if args.policies else default_policies()
+    for sc in scenarios:
+        _check_choice("scenario", sc, list_scenarios())
+    for pol in policies:
+        _check_choice("policy", pol, default_policies() + _all_policy_names())
+    cfg = (BoardConfig.quick if args.quick else BoardConfig.full)(scenarios, policies)
+    if args.seeds is not None:
+        cfg.seeds = list(range(args.seeds))
+    if args.requests is not None:
+        cfg.n_requests = args.requests
+    cfg.engine = _load_engine(args.engine).name if not args.engine.endswith(".json") else args.engine
+    cfg.trace = args.trace
+    try:
+        _, _, md = build(cfg, Path(args.out), workers=args.workers, ray=args.ray or bool(args.ray_address),
+                      ray_address=args.ray_address, progress=not args.no_progress and sys.stderr.isatty())
+    except KeyboardInterrupt:
+        print(f"interrupted: completed runs are cached in {args.out}/cache; run the same command to resume",
+              file=sys.stderr)
+        return 130
+    print(md)
+    print(f"written: {args.out}/leaderboard.md, runs.parquet, runs.csv, capacity.csv, meta.json, attainment_*.png")
+    return 0
+
+
+def _all_policy_names() -> list[str]:
+    from slogym.baselines import list_policies
+
+    return list_policies()
+
+
 # ---------------------------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     """The full ``slogym`` argument parser."""
@@ -417,6 +453,23 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--fixed", metavar="NAMES", help="analytic: comma-separated fit parameters kept at --base's")
     f.add_argument("--json", action="store_true", help="print the fit report as one JSON object")
     f.set_defaults(func=cmd_profile_fit)
+    lb = sub.add_parser("leaderboard", help="every policy on every scenario: serving capacity, metrics, plots",
+                        description="Run the leaderboard (cached, resumable) and write leaderboard.md, runs.parquet, "
+                                    "runs.csv, capacity.csv, meta.json and attainment plots to --out.")
+    lb.add_argument("--out", required=True, metavar="DIR", help="output directory (also holds the run cache)")
+    lb.add_argument("--quick", action="store_true",
+                    help="5 representative scenarios, 1 seed, >= 200 requests and 20 s per run, 4 bisection steps")
+    lb.add_argument("--scenarios", metavar="A,B", help="comma-separated scenarios (default: all; --quick: 5)")
+    lb.add_argument("--policies", metavar="A,B", help="comma-separated policies (default: every scheduler policy)")
+    lb.add_argument("--seeds", type=_bounded(int, 1), metavar="N", help="seeds 0..N-1 (default 1 quick, 3 full)")
+    lb.add_argument("--requests", type=_bounded(int, 1), metavar="N", help="requests per run")
+    lb.add_argument("--engine", default="llama3-8b-h100", metavar="NAME", help="engine preset; default llama3-8b-h100")
+    lb.add_argument("--trace", metavar="FILE", help="replay this trace (with each scenario's SLOs) instead")
+    lb.add_argument("--workers", type=_bounded(int, 1), default=2, metavar="N", help="local processes; default 2")
+    lb.add_argument("--ray", action="store_true", help="run the sweep as Ray tasks (local Ray with 2 CPUs)")
+    lb.add_argument("--ray-address", metavar="ADDR", help="run on this Ray cluster (implies --ray)")
+    lb.add_argument("--no-progress", action="store_true", help="no progress bar")
+    lb.set_defaults(func=cmd_leaderboard)
     r = psub.add_parser("run", help="(not built yet) profile a live vLLM engine",
                         description="Profile a live vLLM engine. Not built yet: exits with status 2.")
     r.set_defaults(func=cmd_profile_run)

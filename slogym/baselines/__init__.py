@@ -2,11 +2,13 @@
 
 ``make_policy(name, engine=None, router=None, **params)`` builds a :class:`~slogym.core.policy.Policy`;
 ``list_policies()`` lists the names. Router-only names (``round-robin``, ``random``, ``least-load``) pair the
-router with the vLLM FCFS scheduler; ``router=`` overrides the router of any policy.
+router with the vLLM FCFS scheduler; ``router=`` overrides the router of any policy. Paper baselines live one
+module each and expose ``POLICIES`` (name -> factory); they are imported when first used.
 """
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import Any, Callable
 
 from slogym.baselines.edf import EDFScheduler
@@ -22,34 +24,36 @@ ROUTERS: dict[str, Callable[[], Router]] = {
 }
 
 
-def _engine_defaults(engine: Any) -> dict[str, int]:
+def _engine_defaults(engine: Any, budget_loop: bool = False) -> dict[str, int]:
     if engine is None:
         return {}
-    return {"max_num_seqs": int(engine.max_num_seqs), "max_num_batched_tokens": int(engine.max_num_batched_tokens)}
+    d = {"max_num_seqs": int(engine.max_num_seqs)}
+    if not budget_loop:
+        d["max_num_batched_tokens"] = int(engine.max_num_batched_tokens)
+    return d
 
 
-def _vllm(engine: Any, **kw: Any) -> Scheduler:
-    return VLLMScheduler(**(_engine_defaults(engine) | kw))
+SCHEDULERS: dict[str, Callable[..., Scheduler]] = {
+    "vllm": lambda engine, **kw: VLLMScheduler(**(_engine_defaults(engine) | kw)),
+    "sarathi": lambda engine, **kw: SarathiScheduler(**(_engine_defaults(engine, True) | kw)),
+    "edf": lambda engine, **kw: EDFScheduler(**(_engine_defaults(engine, True) | kw)),
+}
 
+PAPER_POLICIES: dict[str, str] = {
+    "sa": "slogym.baselines.sa",
+    "sa-exhaustive": "slogym.baselines.sa",
+}
+"""Policies built by a paper module's ``POLICIES`` factories (``f(engine, **params) -> Policy``)."""
 
-def _sarathi(engine: Any, **kw: Any) -> Scheduler:
-    d = _engine_defaults(engine)
-    d.pop("max_num_batched_tokens", None)
-    return SarathiScheduler(**(d | kw))
-
-
-def _edf(engine: Any, **kw: Any) -> Scheduler:
-    d = _engine_defaults(engine)
-    d.pop("max_num_batched_tokens", None)
-    return EDFScheduler(**(d | kw))
-
-
-SCHEDULERS: dict[str, Callable[..., Scheduler]] = {"vllm": _vllm, "sarathi": _sarathi, "edf": _edf}
+REFERENCE_ONLY = {"sa-exhaustive"}
+"""Reference implementations for tests and reproduction at small sizes; not leaderboard entries."""
 
 POLICY_DESCRIPTIONS: dict[str, str] = {
     "vllm": "vLLM FCFS, prefill-first, whole prompts (Kwon et al. 2023)",
     "sarathi": "Sarathi-Serve chunked prefill, decode-first token budget (Agrawal et al. 2024)",
     "edf": "earliest deadline first on SLO deadline lines, token budget",
+    "sa": "simulated-annealing SLO-aware priority + batch sizes, memory round-robin (Huang et al. 2025)",
+    "sa-exhaustive": "exhaustive-search reference of the SA scheduler (small N only)",
     "round-robin": "round-robin router + vLLM FCFS",
     "random": "random router + vLLM FCFS",
     "least-load": "least-outstanding-tokens router + vLLM FCFS",
@@ -60,24 +64,30 @@ def list_policies() -> list[str]:
     return list(POLICY_DESCRIPTIONS)
 
 
+def _router(spec: str | Router | None) -> Router | None:
+    if spec is None or isinstance(spec, Router):
+        return spec
+    if spec not in ROUTERS:
+        raise ValueError(f"unknown router {spec!r}; known: {', '.join(ROUTERS)}")
+    return ROUTERS[spec]()
+
+
 def make_policy(name: str, engine: Any = None, router: str | Router | None = None, **params: Any) -> Policy:
     """Build the named policy; ``params`` go to its scheduler (e.g. ``token_budget=256``)."""
+    if name in PAPER_POLICIES:
+        policy = import_module(PAPER_POLICIES[name]).POLICIES[name](engine, **params)
+        rt = _router(router)
+        if rt is not None:
+            policy.router = rt
+        return policy
     if name in SCHEDULERS:
         sched = SCHEDULERS[name](engine, **params)
-        rname = router
+        rt = _router(router) or RoundRobinRouter()
     elif name in ROUTERS:
-        sched = _vllm(engine, **params)
-        rname = router or name
+        sched = SCHEDULERS["vllm"](engine, **params)
+        rt = _router(router or name)
     else:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(list_policies())}")
-    if isinstance(rname, Router):
-        rt = rname
-    elif rname is None:
-        rt = RoundRobinRouter()
-    elif rname in ROUTERS:
-        rt = ROUTERS[rname]()
-    else:
-        raise ValueError(f"unknown router {rname!r}; known: {', '.join(ROUTERS)}")
     full = {"scheduler": type(sched).__name__, "router": type(rt).__name__} | {
         k: v for k, v in vars(sched).items() if not k.startswith("_")}
     return Policy(name=name, scheduler=sched, router=rt, params=full)

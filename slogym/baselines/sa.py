@@ -1,0 +1,428 @@
+"""SLO-aware scheduling by simulated annealing (Huang et al. 2025, "SLO-Aware Scheduling for LLM Inferences").
+
+The extracted paper lost its symbols; this module states the reconstruction it implements.
+
+**Plan model (§3.1, Eq. 2-13).** A plan for ``N`` waiting requests is a priority sequence split into batches whose
+sizes are at most the maximum batch size ``B_max`` (Eq. 10-12: each position belongs to one batch). Batches run one
+after another (the paper submits each planned batch to vLLM as a group): request ``j`` of batch ``k`` executes in
+``e_j(B_k)`` (Eq. 17, below), a batch lasts as long as its longest member, and ``j`` waits for all earlier batches:
+``w_j = sum_{k'<k} max_{i in k'} e_i`` (Eq. 4, 8-9, 11). Its latency is ``w_j + e_j`` plus what it already waited
+and the predicted remaining time of the running batch. ``s_j = 1`` (Eq. 5-7) when an e2e request finishes within its
+e2e SLO, or a TTFT/TPOT request gets its first token within its TTFT (``w_j`` + prefill time) and its mean decode
+time per token is within its TPOT. The objective (Eq. 2, 13) is ``G = sum_j s_j / sum_j latency_j`` -- SLO
+attainment divided by average latency. Only which batch each request is in matters to ``G`` (order inside a batch
+and empty batches do not), so a plan is stored as a batch index per request, ``g`` (priority = batch index, ties
+by arrival): an exact, compact encoding of "permutation + batch-size sequence".
+
+**Latency predictor (§4.2, Eq. 14-17).** ``e_j(B) = T_prefill(B, L_j) + T_decode(B, L_j, O_j)`` with ``B`` copies of
+request ``j`` as the batch. Instead of refitting Eq. 14-15, the engine's own perf model is queried through
+:class:`~slogym.core.batch.BatchFeatures` (for the ``qwen2.5-7b-v100-tp2`` preset this *is* Eq. 14-15 with Table 2's
+coefficients), so the plan and the simulator agree on iteration times. Eq. 16 sums the per-token decode time over
+the ``O_j - 1`` decode iterations with contexts ``L_j .. L_j + O_j - 2``; it is evaluated as the count times the mean
+of the first and last iteration's time -- exact for any model linear in the context (Eq. 15), an approximation for
+others. All ``B_max x N`` values are computed in one vectorized perf-model call per plan.
+
+**Output lengths (§4.2, §5.1, §5.3).** :class:`~slogym.workloads.gaussian.GaussianLengthPredictor`: per-app Gaussian
+updated online from completed requests, one random draw per request (kept for the request's lifetime so plans are
+consistent). ``predictor="oracle"`` uses the true length (the paper's §5.3 accurate-predictor study).
+
+**Search (§4.3, Algorithm 1).** Two start solutions: arrival order with every batch at ``B_max``, and the
+order of increasing predicted e2e latency (also at ``B_max``); if the second meets every SLO it is returned at once
+(its latency sum is the lower bound) -- only when ``B_max = 1``: with batches, smaller batches can lower the latency
+sum, so the paper's stopping rule is not optimal there and the search continues (deviation). Otherwise annealing starts from the better one with three moves on a request:
+*squeeze* into the previous batch (if it is not in the first and that batch has room), *delay* into the next batch
+(if it has room), *swap* two requests' positions. Hyper-parameters (§5.1 "Implementations" lists 500, 20, 100,
+0.95 with the symbols lost): ``t0 = 100`` (Fig. 8 varies the initial temperature from this 100), decay ``alpha =
+0.95``, ``t_min = 20`` (the only value of the four below ``t0``), and ``iters = 20`` moves per temperature level --
+500 per level is the other reading; it is a parameter. That is 32 levels, 640 evaluated moves.
+
+Deviations, all documented in ``docs/baselines/sa.md``:
+
+* Batched moves (for speed, §"vectorize"): at each temperature level the ``iters`` moves are all proposed from the
+  current solution and evaluated in one NumPy call; the best proposal then passes the Metropolis test. The best
+  plan ever seen is returned.
+* Temperature units: ``G`` has units of 1/s, so the paper's temperatures only make sense on a normalized scale; the
+  Metropolis test accepts a worse proposal with probability ``exp(100 * dG / (G_ref * T))`` -- the change in percent
+  of the start solution's ``G`` (``G_ref``), divided by ``T``.
+* Instance assignment (§4.4, Eq. 20) is the :class:`MemoryRoundRobinRouter`; Eq. 20's token count
+  ``eta * M_rem / m_tok`` is read directly from the instance's free KV blocks (``m_tok`` is the preset's).
+
+**In the simulator (§4.4 "Request Scheduling", §5.1 "Workflows").** The plan covers the instance's waiting requests
+and is recomputed whenever a waiting request is not in it (an arrival, a return from preemption); finishes only feed
+the length predictor. Each iteration is vLLM-style prefill-first: if requests wait, the earliest planned batch that
+still has waiting members is admitted as one whole-prompt prefill batch (never mixed with the next planned batch --
+the paper separates batches by 0.1 ms so vLLM does not merge them), capped by the free slots ``B_max - running``
+and by KV memory; otherwise every running request decodes one token (KV shortage preempts the latest-planned
+running request by recompute, as vLLM preempts its lowest-priority one).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import numpy as np
+
+from slogym.baselines.common import batch_of, fill_prefill_chunks, make_room_for_decodes, split_running, unstick
+from slogym.core.batch import Batch, BatchFeatures
+from slogym.core.instance import Instance
+from slogym.core.policy import Policy, Router, Scheduler
+from slogym.core.state import Status
+from slogym.workloads.gaussian import GaussianLengthPredictor
+
+if TYPE_CHECKING:
+    from slogym.core.simulator import Simulator
+
+
+# ============================================================================ the planning problem (Eq. 2-17)
+@dataclass
+class PlanProblem:
+    """Predicted times and SLO budgets of ``N`` requests, for batch sizes ``1..B_max``.
+
+    exec_time   (B_max, N) e2e execution time ``e_j(B)`` without waiting (Eq. 17)
+    first_time  (B_max, N) time to the first token ``T_prefill(B, L_j)`` (Eq. 18)
+    tpot_ok     (B_max, N) mean decode time per token within the TPOT SLO (Eq. 19 vs the SLO)
+    e2e_budget  (N,) e2e SLO minus the time already spent (inf without one)
+    ttft_budget (N,) TTFT SLO minus the time already spent (inf without one, or once the first token is out)
+    offset      (N,) latency already accrued before the plan starts (waited so far + running batch's rest)
+    arrival     (N,) tie-break for the order inside a batch and the arrival-order start solution
+    """
+
+    exec_time: np.ndarray
+    first_time: np.ndarray
+    tpot_ok: np.ndarray
+    e2e_budget: np.ndarray
+    ttft_budget: np.ndarray
+    offset: np.ndarray
+    arrival: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return int(self.exec_time.shape[1])
+
+    @property
+    def max_batch(self) -> int:
+        return int(self.exec_time.shape[0])
+
+    def evaluate(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """SLO flags ``s`` (K, N) and latencies (K, N) of ``K`` plans ``g`` (K, N) (batch index per request)."""
+        n = self.n
+        onehot = g[:, :, None] == np.arange(n)                       # (K, request, batch)
+        size = np.take_along_axis(onehot.sum(axis=1), g, axis=1)     # batch size each request runs in (Eq. 12)
+        cols = np.arange(n)
+        e = self.exec_time[size - 1, cols]
+        dur = np.where(onehot, e[:, :, None], 0.0).max(axis=1)       # a batch lasts as long as its longest member
+        wait = np.take_along_axis(np.cumsum(dur, axis=1) - dur, g, axis=1)  # Eq. 11: earlier batches
+        met = ((wait + e <= self.e2e_budget) & (wait + self.first_time[size - 1, cols] <= self.ttft_budget)
+               & self.tpot_ok[size - 1, cols])
+        return met, self.offset + wait + e
+
+    def objective(self, g: np.ndarray) -> np.ndarray:
+        """``G = sum s_j / sum latency_j`` (Eq. 2: attainment / average latency) of each plan in ``g`` (K, N)."""
+        met, lat = self.evaluate(g)
+        return met.sum(axis=1) / lat.sum(axis=1)
+
+    def fill(self, order: np.ndarray) -> np.ndarray:
+        """Plan (K=1) running ``order`` in batches of ``B_max`` (the paper's start solutions)."""
+        g = np.empty(self.n, np.int64)
+        g[order] = np.arange(self.n) // self.max_batch
+        return g[None]
+
+    def priority(self, g: np.ndarray) -> np.ndarray:
+        """Request positions in execution order: by batch, then by arrival."""
+        return np.lexsort((self.arrival, g))
+
+
+def build_problem(engine: Any, max_batch: int, input_len: np.ndarray, output_len: np.ndarray,
+                  e2e_budget: np.ndarray, ttft_budget: np.ndarray, tpot: np.ndarray, offset: np.ndarray,
+                  arrival: np.ndarray) -> PlanProblem:
+    """Tables of :class:`PlanProblem` from the engine's perf model (one vectorized ``batch_time`` call).
+
+    ``input_len`` tokens to prefill, ``output_len`` tokens to generate (the prefill emits the first).
+    """
+    n = input_len.shape[0]
+    b = np.arange(1, max_batch + 1, dtype=np.int64)[:, None] + np.zeros((1, n), np.int64)
+    L = np.broadcast_to(input_len, b.shape).astype(np.int64)
+    steps = np.broadcast_to(np.maximum(output_len, 1) - 1, b.shape).astype(np.int64)
+    prefill = np.asarray(engine.batch_time(BatchFeatures.build(
+        prefill_tokens=(b * L).ravel(), prefill_seqs=b.ravel(), prefill_attn=(b * L * L).ravel(),
+        prefill_sq=(b * L * L).ravel(), kv_tokens=(b * L).ravel())), dtype=np.float64).reshape(b.shape)
+    decode = decode_time(engine, b, L, steps)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tpot_ok = (steps == 0) | (decode / np.maximum(steps, 1) <= tpot)
+    return PlanProblem(prefill + decode, prefill, tpot_ok, e2e_budget.astype(np.float64),
+                       ttft_budget.astype(np.float64), offset.astype(np.float64), arrival.astype(np.float64))
+
+
+def decode_time(engine: Any, b: np.ndarray, ctx: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """Eq. 16: ``steps`` decode iterations of ``b`` requests from context ``ctx`` on, as the count times the mean of
+    the first and the last iteration's time (exact for Eq. 15's linear form). Arrays of one shape."""
+    last = ctx + np.maximum(steps - 1, 0)
+    t = np.asarray(engine.batch_time(BatchFeatures.concat([
+        BatchFeatures.build(decode_seqs=b.ravel(), decode_tokens=b.ravel(), decode_ctx=(b * c).ravel(),
+                            kv_tokens=(b * (c + 1)).ravel()) for c in (ctx, last)])), dtype=np.float64)
+    return steps * (t[: b.size] + t[b.size:]).reshape(b.shape) / 2
+
+
+# ============================================================================ searches (§4.3)
+@dataclass(frozen=True)
+class AnnealConfig:
+    """Algorithm 1's hyper-parameters (§5.1 defaults as reconstructed in the module docstring)."""
+
+    t0: float = 100.0
+    t_min: float = 20.0
+    alpha: float = 0.95
+    iters: int = 20
+
+    def __post_init__(self) -> None:
+        if not (self.t0 > self.t_min > 0 and 0 < self.alpha < 1 and self.iters >= 1):
+            raise ValueError(f"invalid annealing config {self}: need t0 > t_min > 0, 0 < alpha < 1, iters >= 1")
+
+
+def _propose(p: PlanProblem, cur: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """``k`` neighbours of plan ``cur`` (N,): squeeze / delay / swap (§4.3), one move each; an infeasible squeeze
+    or delay leaves the plan unchanged."""
+    n, bmax = p.n, p.max_batch
+    count = np.bincount(cur, minlength=n)
+    kind = rng.integers(0, 3, k)
+    r = rng.integers(0, n, k)
+    r2 = rng.integers(0, n, k)
+    gr = cur[r]
+    squeeze = (kind == 0) & (gr > 0) & (count[np.maximum(gr - 1, 0)] < bmax)
+    delay = (kind == 1) & (gr < n - 1) & (count[np.minimum(gr + 1, n - 1)] < bmax)
+    swap = kind == 2
+    out = np.repeat(cur[None], k, axis=0)
+    rows = np.arange(k)
+    out[rows, r] = np.where(swap, cur[r2], gr - squeeze + delay)
+    out[rows[swap], r2[swap]] = gr[swap]
+    return out
+
+
+def anneal(p: PlanProblem, rng: np.random.Generator, cfg: AnnealConfig = AnnealConfig()) -> tuple[np.ndarray, float]:
+    """Simulated-annealing plan search (Algorithm 1). Returns the best plan ``g`` (N,) and its ``G``."""
+    starts = np.concatenate([p.fill(np.lexsort((np.arange(p.n), p.arrival))),
+                             p.fill(np.argsort(p.exec_time[-1], kind="stable"))])
+    met, lat = p.evaluate(starts)
+    if met[1].all() and p.max_batch == 1:   # shortest-first meets every SLO: optimal (§4.3; see module doc)
+        return starts[1], float(met[1].sum() / lat[1].sum())
+    g_start = met.sum(axis=1) / lat.sum(axis=1)
+    j = int(np.argmax(g_start))
+    cur, g_cur = starts[j], float(g_start[j])
+    best, g_best = cur, g_cur
+    scale = 100.0 / max(g_cur, 1.0 / float(lat[j].sum()))   # dG in percent of the start's G
+    t = cfg.t0
+    while t >= cfg.t_min:
+        props = _propose(p, cur, cfg.iters, rng)
+        gp = np.where((props != cur).any(axis=1), p.objective(props), -np.inf)  # no-op moves never win
+        i = int(np.argmax(gp))
+        d = float(gp[i]) - g_cur
+        if d > -np.inf and (d >= 0 or rng.random() < math.exp(d * scale / t)):
+            cur, g_cur = props[i], float(gp[i])
+            if g_cur > g_best:
+                best, g_best = cur, g_cur
+        t *= cfg.alpha
+    return best, g_best
+
+
+def _compositions(n: int, bmax: int) -> Iterator[list[int]]:
+    """Batch-size sequences summing to ``n`` with every size in ``1..bmax``."""
+    if n == 0:
+        yield []
+        return
+    for first in range(1, min(n, bmax) + 1):
+        for rest in _compositions(n - first, bmax):
+            yield [first, *rest]
+
+
+def exhaustive(p: PlanProblem, chunk: int = 1 << 15) -> tuple[np.ndarray, float]:
+    """The strawman of §4.3: every permutation x every batch-size sequence, evaluated in vectorized chunks.
+    Returns the first plan of maximal ``G`` and that ``G``. Cost O(N! * #sequences): keep ``N <= 8``."""
+    n = p.n
+    best, g_best = p.fill(np.arange(n))[0], -1.0
+    perms = itertools.permutations(range(n))
+    batch_of_pos = [np.repeat(np.arange(len(c)), c) for c in _compositions(n, p.max_batch)]
+    while True:
+        block = np.array(list(itertools.islice(perms, chunk)), dtype=np.int64).reshape(-1, n)
+        if not block.size:
+            return best, g_best
+        for pos_batch in batch_of_pos:
+            g = np.empty_like(block)
+            np.put_along_axis(g, block, np.broadcast_to(pos_batch, block.shape), axis=1)
+            val = p.objective(g)
+            i = int(np.argmax(val))
+            if val[i] > g_best:
+                best, g_best = g[i], float(val[i])
+
+
+# ============================================================================ the slogym Scheduler and Router
+class SAScheduler(Scheduler):
+    """Plans the waiting requests by annealing (or exhaustively) and runs the plan vLLM-style (module doc).
+
+    max_batch_size  ``B_max``: the paper's maximum batch size (running requests cap)
+    search          ``"anneal"`` or ``"exhaustive"`` (falls back to annealing above ``exhaustive_max`` requests)
+    predictor       ``"gaussian"`` (online per-app Gaussian, prior ``prior_len``) or ``"oracle"`` (true lengths)
+    """
+
+    steady_through_finish = True
+
+    def __init__(self, max_batch_size: int = 4, max_num_batched_tokens: int = 8192, search: str = "anneal",
+                 predictor: str = "gaussian", prior_len: float = 128.0, seed: int = 0, t0: float = 100.0,
+                 t_min: float = 20.0, alpha: float = 0.95, iters: int = 20, exhaustive_max: int = 7) -> None:
+        if max_batch_size < 1 or max_num_batched_tokens < 1:
+            raise ValueError("max_batch_size and max_num_batched_tokens must be >= 1")
+        if search not in ("anneal", "exhaustive") or predictor not in ("gaussian", "oracle"):
+            raise ValueError(f"search={search!r} (anneal|exhaustive), predictor={predictor!r} (gaussian|oracle)")
+        self.max_batch_size = max_batch_size
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.search = search
+        self.predictor = predictor
+        self.prior_len = prior_len
+        self.seed = seed
+        self.t0, self.t_min, self.alpha, self.iters = t0, t_min, alpha, iters
+        self._config = AnnealConfig(t0, t_min, alpha, iters)
+        self.exhaustive_max = exhaustive_max
+
+    def reset(self, sim: "Simulator") -> None:
+        self._sim = sim
+        self._rng = np.random.default_rng(self.seed)
+        self.lengths = GaussianLengthPredictor(len(sim.w.app_names), self.prior_len, self.seed)
+        self._pred = np.full(len(sim.w), -1, np.int64)   # predicted total output length, drawn once per request
+        self._rank: dict[int, int] = {}                  # planned priority (lower runs first) of planned requests
+        self._group: dict[int, int] = {}                 # planned batch of each waiting request
+        self._live: set[int] = set()                     # requests seen and not yet observed as done
+        self.plans = 0
+        self.plan_seconds = 0.0
+
+    # ----------------------------------------------------------------------------------------------- prediction
+    def predicted_output(self, reqs: np.ndarray) -> np.ndarray:
+        """Predicted total output length of each request (sampled once; the truth in oracle mode)."""
+        w = self._sim.w
+        new = reqs[self._pred[reqs] < 0]
+        if new.size:
+            self._pred[new] = (w.output_tokens[new] if self.predictor == "oracle"
+                               else self.lengths.sample(w.app[new]))
+        return self._pred[reqs]
+
+    def _observe_finishes(self) -> None:
+        rs, w = self._sim.rs, self._sim.w
+        done = [r for r in self._live if rs.status[r] == Status.DONE]
+        for r in sorted(done):
+            self.lengths.observe(int(w.app[r]), int(rs.generated[r]))
+            self._live.discard(r)
+
+    def problem(self, inst: Instance, reqs: np.ndarray, now: float) -> PlanProblem:
+        """The planning problem of ``reqs`` (waiting on ``inst``) at time ``now``."""
+        sim = self._sim
+        rs, w = sim.rs, sim.w
+        remaining_out = np.maximum(self.predicted_output(reqs) - rs.generated[reqs], 1)
+        run = inst.running_array()
+        base = 0.0
+        if run.size:   # the running batch's predicted rest delays the plan (the paper's batches run in sequence)
+            steps = np.maximum(self.predicted_output(run) - rs.generated[run], 0)
+            base = float(decode_time(inst.engine, np.full(run.size, run.size), rs.num_tokens[run], steps).max())
+        waited = now - w.arrival[reqs]
+        started = ~np.isnan(rs.first_token[reqs])
+        ttft = np.where(started, np.inf, w.first_ttft[reqs])
+        return build_problem(inst.engine, self.max_batch_size, rs.num_tokens[reqs], remaining_out,
+                             w.ttlt[reqs] - waited - base, ttft - waited - base, w.min_tpot[reqs],
+                             waited + base, w.arrival[reqs])
+
+    def _replan(self, inst: Instance, now: float) -> None:
+        from time import perf_counter
+
+        t0 = perf_counter()
+        reqs = np.array(inst.waiting, dtype=np.int64)
+        self._live.update(inst.waiting)
+        p = self.problem(inst, reqs, now)
+        if self.search == "exhaustive" and p.n <= self.exhaustive_max:
+            g, _ = exhaustive(p)
+        else:
+            g, _ = anneal(p, self._rng, self._config)
+        order = p.priority(g)
+        self._rank = {int(reqs[j]): i for i, j in enumerate(order)}
+        self._group = {int(r): int(x) for r, x in zip(reqs, g)}
+        self.plans += 1
+        self.plan_seconds += perf_counter() - t0
+
+    # ----------------------------------------------------------------------------------------------- batches
+    def next_batch(self, inst: Instance, now: float) -> Batch | None:
+        dec, pre = split_running(inst)
+        if not (dec.size or pre.size or inst.waiting):
+            return None
+        self._observe_finishes()
+        rank = lambda r: self._rank.get(r, len(self._rank) + r)  # noqa: E731 - unplanned run last
+        if inst.waiting:
+            if any(r not in self._group for r in inst.waiting):
+                self._replan(inst, now)
+            head = min(self._group[r] for r in inst.waiting)
+            cands = sorted((r for r in inst.waiting if self._group[r] == head), key=rank)
+            slots = self.max_batch_size - len(inst.running)
+            if slots > 0:
+                reqs, toks, _, _ = fill_prefill_chunks(inst, pre.tolist() + cands, self.max_num_batched_tokens,
+                                                       inst.free_blocks, slots, chunked=False)
+                if reqs:
+                    for r in reqs:
+                        self._group.pop(r, None)
+                    return batch_of(reqs, toks)
+        if not dec.size:
+            return unstick(inst, rank)
+        keep, victims, _ = make_room_for_decodes(inst, dec, rank)
+        return batch_of(keep, np.ones(keep.size, np.int64), victims, steady=not victims)
+
+
+class MemoryRoundRobinRouter(Router):
+    """§4.4 instance assignment: each request goes to the instance with the most remaining (virtual) memory;
+    when even that one cannot hold it, every instance's remaining memory is reset (a fresh round).
+
+    Remaining memory is counted in tokens, Eq. 20: ``n = eta * M_rem / m_tok`` with ``M_rem / m_tok`` the
+    instance's free KV tokens at the start of a round (``eta = 0.9``, vLLM's memory utilization, §5.1). A request
+    needs its prompt plus its predicted output (the scheduler's predictor mean, or ``prior_len`` without one).
+    """
+
+    def __init__(self, scheduler: SAScheduler | None = None, eta: float = 0.9, prior_len: float = 128.0) -> None:
+        if not 0 < eta <= 1:
+            raise ValueError(f"eta={eta}; must be in (0, 1]")
+        self.scheduler, self.eta, self.prior_len = scheduler, eta, prior_len
+
+    def reset(self, sim: "Simulator") -> None:
+        self._rem = np.zeros(len(sim.instances))
+
+    def _fresh_round(self, sim: "Simulator") -> None:
+        self._rem = np.array([self.eta * i.free_blocks * i.block_size for i in sim.instances], dtype=np.float64)
+
+    def route(self, req: int, sim: "Simulator", now: float) -> int:
+        if self._rem.shape[0] != len(sim.instances):
+            self._fresh_round(sim)
+        app = int(sim.w.app[req])
+        out = float(self.scheduler.lengths.mean(app)) if self.scheduler is not None else self.prior_len
+        need = float(sim.w.input_tokens[req]) + out
+        i = int(np.argmax(self._rem))
+        if self._rem[i] < need:
+            self._fresh_round(sim)
+            i = int(np.argmax(self._rem))
+        self._rem[i] -= need
+        return i
+
+
+# ============================================================================ policies
+def _policy(name: str, search: str) -> Callable[..., Policy]:
+    def make(engine: Any = None, **params: Any) -> Policy:
+        eta = params.pop("eta", 0.9)
+        defaults: dict[str, Any] = {} if engine is None else {
+            "max_batch_size": int(engine.max_num_seqs), "max_num_batched_tokens": int(engine.max_num_batched_tokens)}
+        sched = SAScheduler(**(defaults | {"search": search} | params))
+        router = MemoryRoundRobinRouter(sched, eta, sched.prior_len)
+        full = {"scheduler": "SAScheduler", "router": "MemoryRoundRobinRouter", "eta": eta} | {
+            k: v for k, v in vars(sched).items() if not k.startswith("_")}
+        return Policy(name=name, scheduler=sched, router=router, params=full)
+
+    make.__doc__ = f"Build the {name!r} policy: ``f(engine, **SAScheduler params, eta=0.9)``."
+    return make
+
+
+POLICIES: dict[str, Callable[..., Policy]] = {
+    "sa": _policy("sa", "anneal"),
+    "sa-exhaustive": _policy("sa-exhaustive", "exhaustive"),
+}

@@ -1,0 +1,22 @@
+"""Leaderboard: sweeps, serving-capacity search, tables and plots (local processes or Ray)."""
+
+from __future__ import annotations
+
+from slogym.leaderboard.board import BoardConfig, build, run_board
+from slogym.leaderboard.capacity import CapacitySearch, bisect_capacity
+from slogym.leaderboard.sweep import RunCache, Runner, RunSpec, code_version, execute
+
+
+QUICK_SCENARIOS = ["chatbot", "coder", "summarizer", "mixed", "tempo-mix"]
+"""The ``--quick`` board's scenarios (one of each workload shape; the full board runs every preset)."""
+
+
+def default_policies() -> list[str]:
+    """Every registered single-instance scheduling policy (routers only matter with several instances)."""
+    from slogym.baselines import REFERENCE_ONLY, ROUTERS, list_policies
+
+    return [p for p in list_policies() if p not in ROUTERS and p not in REFERENCE_ONLY]
+
+
+__all__ = ["QUICK_SCENARIOS", "BoardConfig", "CapacitySearch", "RunCache", "RunSpec", "Runner", "bisect_capacity", "build",
+           "code_version", "default_policies", "execute", "run_board"]

@@ -1,0 +1,212 @@
+"""The leaderboard: every policy on every scenario, serving capacity by bisection, metrics at fixed loads.
+
+Outputs in ``out``: ``leaderboard.md`` (capacity table, best in bold, and per-scenario metrics at the default
+rate), ``runs.parquet`` and ``runs.csv`` (every run), ``attainment_<scenario>.png`` (attainment vs load per
+policy), ``meta.json`` (versions, code hash, seeds, engine preset, policy parameters, run time) and ``cache/``
+(one file per run, so a re-run computes only what changed; Ctrl-C keeps what completed).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from slogym.leaderboard.capacity import CapacitySearch
+from slogym.leaderboard.sweep import RunCache, Runner, RunSpec, code_version
+
+LOAD_FACTORS = (0.5, 1.0, 1.5)
+
+
+@dataclass
+class BoardConfig:
+    scenarios: list[str]
+    policies: list[str]
+    seeds: list[int]
+    n_requests: int
+    min_duration: float = 60.0  # seconds of arrivals per run at least: short bursts would drain within loose SLOs
+    engine: str = "llama3-8b-h100"
+    threshold: float = 0.9
+    iters: int = 6
+    max_expand: int = 4
+    trace: str | None = None
+    attainment: str = "dslo"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def quick(cls, scenarios: list[str], policies: list[str]) -> "BoardConfig":
+        """The ``make run`` board: one seed, >= 200 requests and >= 20 s of arrivals per run, four bisection
+        steps. Capacities are indicative; the full board is the reference."""
+        return cls(scenarios, policies, seeds=[0], n_requests=200, min_duration=20.0, iters=4, max_expand=3)
+
+    @classmethod
+    def full(cls, scenarios: list[str], policies: list[str]) -> "BoardConfig":
+        return cls(scenarios, policies, seeds=[0, 1, 2], n_requests=1000, min_duration=120.0, iters=7,
+                   max_expand=4)
+
+
+def default_rate(scenario: str) -> float:
+    from slogym.workloads.scenarios import SCENARIOS
+
+    return float(SCENARIOS[scenario].default_rate)
+
+
+def _specs(cfg: BoardConfig, policy: str, scenario: str, rate: float) -> list[RunSpec]:
+    n = max(cfg.n_requests, int(np.ceil(rate * cfg.min_duration)))
+    return [RunSpec(policy, scenario, float(rate), s, n, cfg.engine, trace=cfg.trace, attainment=cfg.attainment)
+            for s in cfg.seeds]
+
+
+def run_board(cfg: BoardConfig, runner: Runner) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Fixed-load runs plus one capacity search per (policy, scenario), advanced together round by round.
+    Returns (every run, capacity per policy and scenario)."""
+    fixed = [s for p in cfg.policies for sc in cfg.scenarios
+             for f in LOAD_FACTORS for s in _specs(cfg, p, sc, f * default_rate(sc))]
+    rows = runner.run(fixed)
+    searches = {(p, sc): CapacitySearch(default_rate(sc), cfg.threshold, cfg.iters, cfg.max_expand)
+                for p in cfg.policies for sc in cfg.scenarios}
+    while True:
+        active = [(k, s) for k, s in searches.items() if not s.done]
+        if not active:
+            break
+        batch = {k: _specs(cfg, k[0], k[1], s.next_rate()) for k, s in active}
+        got = runner.run([spec for specs in batch.values() for spec in specs])
+        rows += got
+        i = 0
+        for k, s in active:
+            n = len(batch[k])
+            s.update(float(np.mean([r["attainment"] for r in got[i:i + n]])))
+            i += n
+    df = pd.DataFrame(rows).drop_duplicates(subset=["policy", "scenario", "rate", "seed"])
+    cap = pd.DataFrame([{"policy": p, "scenario": sc, "capacity": s.capacity} for (p, sc), s in searches.items()])
+    return df.reset_index(drop=True), cap
+
+
+def _bold_best(table: pd.DataFrame, higher: bool = True, fmt: str = "{:.2f}") -> pd.DataFrame:
+    out = table.copy().astype(object)
+    for col in table.columns:
+        vals = table[col]
+        best = vals.max() if higher else vals.min()
+        out[col] = [("**" + fmt.format(v) + "**") if np.isfinite(v) and v == best else fmt.format(v) for v in vals]
+    return out
+
+
+def _md(table: pd.DataFrame) -> str:
+    cols = [table.index.name or ""] + [str(c) for c in table.columns]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join([str(i)] + [str(v) for v in row]) + " |" for i, row in table.iterrows()]
+    return "\n".join(lines)
+
+
+def markdown(df: pd.DataFrame, capacity: pd.DataFrame, cfg: BoardConfig, meta: dict[str, Any]) -> str:
+    cap = capacity.pivot(index="policy", columns="scenario", values="capacity")
+    cap = cap.reindex(index=cfg.policies, columns=cfg.scenarios)
+    at_default = df[np.isclose(df["rate"], df["scenario"].map(default_rate))]
+    mean = at_default.groupby(["policy", "scenario"])[["attainment", "goodput", "service_gain_rate",
+                                                      "sa_objective"]].mean()
+    parts = [
+        "# slogym leaderboard",
+        f"Engine `{cfg.engine}`, attainment mode `{cfg.attainment}`, seeds {cfg.seeds}, at least {cfg.n_requests} "
+        f"requests and {cfg.min_duration:.0f} s of arrivals per run, code `{meta['code_version']}`, slogym {meta['versions']['slogym']}, built in "
+        f"{meta['wall_seconds']:.0f} s.",
+        f"## Serving capacity (req/s with >= {cfg.threshold:.0%} attainment; higher is better)",
+        "Bisection over the arrival rate starting at each scenario's default rate; attainment averaged over seeds.",
+        _md(_bold_best(cap)),
+    ]
+    for metric, title, fmt in (("attainment", "Attainment at the default rate", "{:.3f}"),
+                               ("goodput", "Goodput at the default rate (req/s within SLO)", "{:.2f}"),
+                               ("service_gain_rate", "Tempo service gain per second at the default rate", "{:.0f}"),
+                               ("sa_objective", "SA objective (attainment / mean latency) at the default rate",
+                                "{:.3f}")):
+        t = mean[metric].unstack("scenario").reindex(index=cfg.policies, columns=cfg.scenarios)
+        parts += [f"## {title}", _md(_bold_best(t, fmt=fmt))]
+    return "\n\n".join(parts) + "\n"
+
+
+def plots(df: pd.DataFrame, cap: pd.DataFrame, cfg: BoardConfig, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for sc in cfg.scenarios:
+        fig, ax = plt.subplots(figsize=(5, 3.4), dpi=100)
+        for p in cfg.policies:
+            d = df[(df["scenario"] == sc) & (df["policy"] == p)].groupby("rate")["attainment"].mean()
+            if len(d):
+                line, = ax.plot(d.index, d.values, "o-", ms=3, label=p)
+                c = float(cap[(cap["policy"] == p) & (cap["scenario"] == sc)]["capacity"].iloc[0])
+                ax.axvline(c, color=line.get_color(), ls=":", lw=0.8)
+        ax.axhline(cfg.threshold, color="grey", ls="--", lw=0.8)
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_ylabel("SLO attainment")
+        ax.set_title(f"{sc} on {cfg.engine}")
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out / f"attainment_{sc}.png"
+        fig.savefig(path)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def metadata(cfg: BoardConfig, wall: float) -> dict[str, Any]:
+    import gymnasium
+
+    import slogym
+    from slogym.baselines import make_policy
+    from slogym.engines import get_engine
+
+    eng = get_engine(cfg.engine)
+    params = {}
+    for p in cfg.policies:
+        if not p.startswith("agent:"):
+            params[p] = {k: v for k, v in make_policy(p, eng).params.items()}
+    return {
+        "code_version": code_version(),
+        "versions": {"slogym": slogym.__version__, "python": platform.python_version(), "numpy": np.__version__,
+                     "pandas": pd.__version__, "gymnasium": gymnasium.__version__},
+        "config": {k: v for k, v in cfg.__dict__.items()},
+        "engine_preset": eng.to_dict(),
+        "policy_params": params,
+        "wall_seconds": wall,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def build(cfg: BoardConfig, out: Path, workers: int = 2, ray: bool = False, ray_address: str | None = None,
+          progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """Run (or resume) the board and write every output; returns the runs, the capacities, the Markdown."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cache = RunCache(out / "cache")
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(unit="run", desc="leaderboard", leave=False)
+    runner = Runner(cache, workers, ray, ray_address, progress=bar.update if bar else None)
+    t0 = time.perf_counter()
+    try:
+        df, cap = run_board(cfg, runner)
+    finally:
+        if bar is not None:
+            bar.close()
+    meta = metadata(cfg, time.perf_counter() - t0)
+    meta["cache"] = {"hits": cache.hits, "computed": cache.misses}
+    df.to_parquet(out / "runs.parquet", index=False)
+    df.to_csv(out / "runs.csv", index=False)
+    cap.to_csv(out / "capacity.csv", index=False)
+    md = markdown(df, cap, cfg, meta)
+    (out / "leaderboard.md").write_text(md)
+    (out / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+    plots(df, cap, cfg, out)
+    return df, cap, md
