@@ -1,5 +1,5 @@
 # Two commands do all the set-up on a fresh machine (see README):
-#   make run   -- create .venv, install slogym, compare baselines on the embedded default scenario
+#   make run   -- create .venv, install slogym, run the quick leaderboard on embedded scenarios (no downloads)
 #   make test  -- install the dev dependencies and run the test suite (what CI runs, via .ci/run)
 PYTHON ?= python3
 VENV   := .venv
@@ -18,11 +18,11 @@ $(VENV)/.core: pyproject.toml | $(BIN)/python
 # torch first and pinned (the CPU wheel); an unpinned resolve would pull CUDA builds
 $(VENV)/.dev: pyproject.toml $(VENV)/.core
 	$(PIP) torch==2.13.0
-	$(PIP) -e ".[dev,rl]"
+	$(PIP) -e ".[dev,rl,ray]"
 	touch $@
 
 run: $(VENV)/.core
-	$(BIN)/python -m slogym.compare
+	$(BIN)/slogym leaderboard --quick --out out/leaderboard
 
 test: $(VENV)/.dev
 	$(BIN)/python -m pytest tests

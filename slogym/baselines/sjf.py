@@ -115,12 +115,15 @@ class PriorityScheduler(TokenBudgetScheduler):
         slots = self.max_num_seqs - len(dec)
         reserved = dict(zip(dec, inst.blocks_needed(dec, 1).tolist())) if dec else {}
         new: list[int] = []
+        fresh, once = rs.computed_total, rs.n_preempt
         for r in rest:
             if budget <= 0:
                 break
+            if fresh[r]:
+                continue
             chunk = min(int(inst.remaining([r])[0]), budget)
             need = int(inst.blocks_needed([r], chunk)[0])
-            pool = sorted((v for v in inst.running if v not in gone and level_of[v] > level_of[r]),
+            pool = sorted((v for v in inst.running if v not in gone and level_of[v] > level_of[r] and not once[v]),
                           key=rank.__getitem__, reverse=True)
             room, seats, k = free, slots, 0
             while (need > room or seats < 1) and k < len(pool):

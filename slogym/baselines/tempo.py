@@ -131,7 +131,7 @@ class TempoScheduler(TokenBudgetScheduler):
         self.sid = np.full(n, -1, np.int64)
         self.sid[grp] = inv
         order = np.argsort(inv, kind="stable")
-        self.members = np.split(grp[order], np.cumsum(np.bincount(inv, minlength=uniq.size))[:-1])
+        self.members = np.split(grp[order], np.cumsum(np.bincount(inv, minlength=uniq.size))[:-1]) if grp.size else []
         self.group_sids: dict[int, list[int]] = {}
         for s, m in enumerate(self.members):
             self.group_sids.setdefault(int(w.group[m[0]]), []).append(s)

@@ -1,0 +1,83 @@
+"""Leaderboard: capacity bisection, run cache, Ray == local pool, the quick board end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from slogym.leaderboard import BoardConfig, RunCache, Runner, RunSpec, bisect_capacity, build
+from slogym.leaderboard.capacity import CapacitySearch
+from slogym.leaderboard.sweep import execute
+
+
+@pytest.mark.parametrize("threshold_rate", [0.37, 3.0, 17.5, 250.0])
+def test_bisection_finds_the_known_threshold_of_a_monotone_curve(threshold_rate):
+    def attainment(rate: float) -> float:  # falls through 0.9 exactly at threshold_rate
+        return 1.0 - 0.1 * rate / threshold_rate
+
+    cap = bisect_capacity(attainment, start=5.0, iters=20, max_expand=8)
+    assert cap <= threshold_rate + 1e-9
+    assert cap == pytest.approx(threshold_rate, rel=1e-4)
+
+
+def test_search_reports_zero_when_nothing_passes_and_the_cap_when_everything_does():
+    assert bisect_capacity(lambda r: 0.0, start=1.0, iters=5) == 0.0
+    s = CapacitySearch(start=1.0, iters=5, max_expand=3)
+    while not s.done:
+        s.update(1.0)
+    assert s.capacity == 8.0 and len(s.history) == 4
+
+
+SPEC = RunSpec("sarathi", "chatbot", 4.0, 0, 60)
+
+
+def test_cache_hits_skip_work_and_a_code_change_invalidates(tmp_path):
+    calls = []
+    cache = RunCache(tmp_path, version="v1")
+    runner = Runner(cache, workers=1, progress=calls.append)
+    first = runner.run([SPEC])
+    assert len(calls) == 1 and cache.misses == 1
+    again = runner.run([SPEC])
+    assert len(calls) == 1 and cache.hits == 1 and again == first
+    changed = Runner(RunCache(tmp_path, version="v2"), workers=1, progress=calls.append)
+    changed.run([SPEC])
+    assert len(calls) == 2
+
+
+def test_a_run_is_a_pure_function_of_its_spec():
+    a, b = execute(SPEC), execute(SPEC)
+    for k in ("wall_seconds",):
+        a.pop(k), b.pop(k)
+    assert a == b and a["n_requests"] == 60 and 0.0 <= a["attainment"] <= 1.0
+
+
+def test_ray_and_local_pool_give_identical_results(tmp_path):
+    ray = pytest.importorskip("ray", reason="ray is not installed (extra 'ray')")
+    specs = [RunSpec(p, "coder", r, 0, 50) for p in ("vllm", "edf") for r in (0.5, 2.0)]
+    local = Runner(RunCache(tmp_path / "local"), workers=2).run(specs)
+    try:
+        remote = Runner(RunCache(tmp_path / "ray"), ray=True).run(specs)
+    finally:
+        ray.shutdown()
+    drop = ["wall_seconds"]
+    assert pd.DataFrame(local).drop(columns=drop).equals(pd.DataFrame(remote).drop(columns=drop))
+
+
+def test_quick_board_end_to_end_and_resume(tmp_path):
+    cfg = BoardConfig.quick(["coder"], ["vllm", "sarathi"])
+    cfg.min_duration, cfg.iters, cfg.n_requests = 5.0, 2, 60
+    df, cap, md = build(cfg, tmp_path, workers=2, progress=False)
+    assert set(cap["policy"]) == {"vllm", "sarathi"} and (cap["capacity"] >= 0).all()
+    assert "| vllm |" in md and "**" in md
+    for f in ("leaderboard.md", "runs.parquet", "runs.csv", "capacity.csv", "meta.json", "attainment_coder.png"):
+        assert (tmp_path / f).stat().st_size > 0
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta["config"]["seeds"] == [0] and meta["engine_preset"]["name"] == "llama3-8b-h100"
+    # each search's first probe is the default rate, already run as a fixed-load point: served from the cache
+    assert "sarathi" in meta["policy_params"] and meta["cache"]["computed"] == len(df)
+    _, cap2, _ = build(cfg, tmp_path, workers=2, progress=False)
+    meta2 = json.loads((tmp_path / "meta.json").read_text())
+    assert meta2["cache"]["computed"] == 0 and meta2["cache"]["hits"] >= len(df)
+    assert cap2.equals(cap)

@@ -1,0 +1,138 @@
+"""Tempo (slogym.baselines.tempo, slogym.workloads.qrf, slogym.workloads.dag): analyzer, LSDF scheduler, variants."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("quantile_forest")
+
+from slogym.baselines.tempo import POLICIES, TempoScheduler  # noqa: E402
+from slogym.core.policy import Policy  # noqa: E402
+from slogym.core.request import Request, Workload, decode, prefill  # noqa: E402
+from slogym.core.simulator import Simulator  # noqa: E402
+from slogym.core.state import Outcome  # noqa: E402
+from slogym.engines.registry import get_engine  # noqa: E402
+from slogym.workloads.dag import GraphHistory, SuperGraph, stage_deadline  # noqa: E402
+from slogym.workloads.qrf import QRFConfig, QRFLengthPredictor, request_features  # noqa: E402
+from slogym.workloads.scenarios import make_workload  # noqa: E402
+
+ENGINE = get_engine("llama3-8b-h100")
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLOGYM_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+@pytest.fixture(scope="module")
+def history() -> Workload:
+    return make_workload("tempo-mix", n_requests=400, seed=11)
+
+
+def _run(name: str, w: Workload, history: Workload, seed: int = 0, **kw) -> Simulator:
+    return Simulator(w, ENGINE, POLICIES[name](ENGINE, history=history, **kw), seed=seed).run()
+
+
+# ---------------------------------------------------------------------------------------------- DAG matching
+def _graph(node: list[float], edge: list[float], time: list[float] | None = None) -> SuperGraph:
+    return SuperGraph(np.array(node, float), np.array(edge, float), None if time is None else np.array(time, float))
+
+
+def test_dag_matching_picks_closest_graph_and_uses_prefixes() -> None:
+    h = GraphHistory()
+    h.add("tot", _graph([300, 3000], [50, 600], [1, 9]))     # short first stage
+    h.add("tot", _graph([3000, 300], [600, 50], [9, 1]))     # long first stage
+    h.add("tot", _graph([3100, 280, 500], [580, 60, 90], [8, 1, 2]))  # three stages, long first
+    h.add("agent", _graph([300, 3000], [50, 600], [5, 5]))   # other application: never matched for "tot"
+    best = h.match("tot", _graph([320], [55]))               # prefix of length 1 against all
+    assert best is not None and list(best.time) == [1, 9]
+    best = h.match("tot", _graph([2950, 310], [610, 50]))    # two stages: closer to the 2-stage one than the 3-stage prefix
+    assert list(best.time) == [9, 1]
+    best = h.match("tot", _graph([3050, 290, 480], [590, 55, 95]))  # only the 3-stage graph is long enough
+    assert list(best.time) == [8, 1, 2]
+    assert h.match("tot", _graph([1, 1, 1, 1], [1, 1, 1, 1])) is None
+    assert h.match("unknown", _graph([1], [1])) is None
+
+
+def test_stage_deadline_splits_remaining_budget_by_ratios() -> None:
+    ratios = np.array([1.0, 3.0])
+    assert stage_deadline(ratios, 0, 0.0, 40.0) == pytest.approx(10.0)
+    assert stage_deadline(ratios, 1, 12.0, 40.0) == pytest.approx(40.0)
+    assert stage_deadline(ratios, 2, 12.0, 40.0) == 40.0
+
+
+# ---------------------------------------------------------------------------------------------- QRF
+def test_qrf_bound_covers_held_out_lengths_at_its_quantile(history: Workload) -> None:
+    train = make_workload("tempo-mix", n_requests=1200, seed=21)
+    test = make_workload("tempo-mix", n_requests=600, seed=22)
+    p = QRFLengthPredictor.fit(train, QRFConfig(quantiles=(0.5, 0.9)))
+    f, y = request_features(test), test.output_tokens
+    zero = np.zeros(len(test), np.int64)
+    assert abs((y <= p.predict(f, zero, 0.9)).mean() - 0.9) < 0.06
+    assert abs((y <= p.predict(f, zero, 0.5)).mean() - 0.5) < 0.08
+    # refinement: conditioned on tokens already generated the bound still covers, and it is >= generated + 1
+    gen = (np.random.default_rng(0).random(len(test)) * y).astype(np.int64)
+    ub = p.predict(f, gen, 0.9)
+    assert (ub >= gen + 1).all() and (y <= ub).mean() > 0.84
+
+
+def test_qrf_is_seeded_and_cached(history: Workload) -> None:
+    a = QRFLengthPredictor.fit(history, QRFConfig(seed=3), cache=False)
+    b = QRFLengthPredictor.fit(history, QRFConfig(seed=3))
+    c = QRFLengthPredictor.fit(history, QRFConfig(seed=3))
+    x, g = request_features(history), np.zeros(len(history), np.int64)
+    assert np.array_equal(a.predict(x, g, 0.9), b.predict(x, g, 0.9))
+    assert c.forest is b.forest
+
+
+# ---------------------------------------------------------------------------------------------- scheduler
+def test_end_to_end_every_request_one_outcome_and_deterministic(history: Workload) -> None:
+    w = make_workload("tempo-mix", rate=14.0, n_requests=120, seed=5, engine=ENGINE)
+    runs = {}
+    for name in POLICIES:
+        sim = _run(name, w, history)
+        assert (sim.rs.outcome != Outcome.NONE).all(), name
+        assert (sim.rs.outcome == Outcome.FINISHED).all(), name
+        runs[name] = sim.result()
+    again = _run("tempo", w, history).result()
+    assert runs["tempo"].records.drop(columns=[]).equals(again.records)
+    step = Simulator(w, ENGINE, POLICIES["tempo"](ENGINE, history=history), seed=0, fast_forward=False).run()
+    assert step.result().records.equals(runs["tempo"].records)  # steady batches keep fast-forward exact
+
+
+def test_preemption_quanta_respected(history: Workload) -> None:
+    # small KV so that waiting requests regularly find no room and switches are considered
+    w = make_workload("tempo-mix", rate=20.0, n_requests=60, seed=2, engine=ENGINE)
+    eng = get_engine("llama3-8b-h100")
+    eng.kv_capacity_tokens = 12_000
+    for quantum in (5, 20):
+        pol = POLICIES["tempo"](eng, history=history, quantum=quantum)
+        Simulator(w, eng, pol, seed=0).run()
+        its = [it for _, it in pol.scheduler.switches]
+        assert all(b - a >= quantum for a, b in zip(its, its[1:]))
+
+
+def test_reserve_prevents_starvation_of_slo_insensitive_requests(history: Workload) -> None:
+    # a stream of SLO requests keeps the token budget full; best-effort requests arrive with them
+    reqs = [Request(0.02 * i, [prefill(600, ttft=2.0), decode(40, tpot=0.1)], app="latency_sensitive")
+            for i in range(150)]
+    reqs += [Request(0.5 * i, [prefill(600), decode(40)], app="batch", best_effort=True) for i in range(6)]
+    w = Workload.from_requests(reqs, name="reserve-test")
+
+    def be_first_token(reserve: float) -> float:
+        sched = TempoScheduler(token_budget=256, max_num_seqs=32, reserve=reserve, history=history)
+        sim = Simulator(w, ENGINE, Policy("tempo", sched), seed=0).run()
+        assert (sim.rs.outcome != Outcome.NONE).all()
+        return float(np.max(sim.rs.first_token[w.best_effort] - w.arrival[w.best_effort]))
+
+    with_reserve, without = be_first_token(0.1), be_first_token(0.0)
+    assert with_reserve < without
+    assert with_reserve < 1.0
+
+
+def test_invalid_parameters_raise() -> None:
+    with pytest.raises(ValueError, match="predictor"):
+        TempoScheduler(predictor="bert")
+    with pytest.raises(ValueError, match="quantum"):
+        TempoScheduler(quantum=0)
