@@ -62,6 +62,16 @@ class BatchFeatures(NamedTuple):
         return cls(*(np.broadcast_to(arrays.get(f, np.zeros(1, np.int64)), (m,)).copy() for f in cls._fields))
 
     @classmethod
+    def random(cls, m: int, seed: int = 0) -> "BatchFeatures":
+        """``m`` plausible random batches (mixed prefill chunks and decodes), for tests and benchmarks."""
+        rng = np.random.default_rng(seed)
+        pre = rng.integers(0, 4096, m) * rng.integers(0, 2, m)
+        return cls.build(prefill_tokens=pre, prefill_seqs=(pre > 0).astype(np.int64), prefill_attn=pre * pre,
+                         prefill_sq=pre * pre, decode_seqs=rng.integers(0, 128, m),
+                         decode_tokens=rng.integers(0, 160, m), decode_ctx=rng.integers(0, 400000, m),
+                         kv_tokens=rng.integers(0, 400000, m), spec_steps=rng.integers(0, 4, m))
+
+    @classmethod
     def concat(cls, parts: list["BatchFeatures"]) -> "BatchFeatures":
         return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in cls._fields))
 

@@ -213,12 +213,17 @@ class TablePerf(PerfModel):
             raise ValueError("table: grids must be strictly increasing and times finite")
         self._tg, self._kg, self._tt = xp.asarray(tg), xp.asarray(kg), xp.asarray(tt)
 
+    def _grids(self, X: Any) -> tuple[Any, Any, Any]:
+        if X is SCALAR or X is numpy:
+            return self._tg, self._kg, self._tt
+        return X.asarray(self._tg), X.asarray(self._kg), X.asarray(self._tt)
+
     def batch_time(self, f: BatchFeatures, x: Any = None) -> Any:
         X = _ops(x)
+        tg, kg, tt = self._grids(X)
         tokens = f.prefill_tokens + f.decode_tokens
-        i, wi = _interp_index(self._tg, tokens, X)
-        j, wj = _interp_index(self._kg, f.kv_tokens, X)
-        tt = self._tt
+        i, wi = _interp_index(tg, tokens, X)
+        j, wj = _interp_index(kg, f.kv_tokens, X)
         lo = tt[i, j] + (tt[i, j + 1] - tt[i, j]) * wj
         hi = tt[i + 1, j] + (tt[i + 1, j + 1] - tt[i + 1, j]) * wj
         return X.where(tokens > 0, lo + (hi - lo) * wi, 0.0)

@@ -3,7 +3,8 @@
 ``gym.make_vec("slogym/Batching-v0", num_envs=64, vectorization_mode="vector_entry_point", **kwargs)`` (or
 ``SlogymVectorEnv("slogym/Batching-v0", 64, **kwargs)``) runs N copies of one environment. Each copy's
 simulator defers the timing of every iteration it starts; the vector env gathers the pending batches of all
-copies and evaluates them in one call of the vectorized perf model (NumPy, or CuPy once selected), then hands
+copies and evaluates them in one call of the vectorized perf model (NumPy, or CuPy on a GPU: see
+``slogym.engines.arrays``), then hands
 each copy its time back. Results are identical to N independent environments: the vectorized and the
 single-batch perf-model paths give the same bits. Sub-environment ``i`` is seeded ``seed + i``; autoreset
 follows Gymnasium's next-step convention.
@@ -20,6 +21,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
 from slogym.core.batch import BatchFeatures
+from slogym.engines.arrays import BatchTimeEvaluator
 from slogym.envs.base import ServingEnv
 
 
@@ -37,6 +39,7 @@ class SlogymVectorEnv(VectorEnv):
         self.render_mode = None
         self._needs_reset = np.zeros(num_envs, dtype=bool)
         self._obs = create_empty_array(self.single_observation_space, num_envs)
+        self._evaluators: dict[int, BatchTimeEvaluator] = {}
 
     def reset(self, *, seed: int | list[int | None] | None = None,
               options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
@@ -92,8 +95,10 @@ class SlogymVectorEnv(VectorEnv):
             answers: dict[int, float] = {}
             for ids in by_engine.values():
                 engine = pending[ids[0]][1].engine
+                ev = self._evaluators.get(id(engine)) or self._evaluators.setdefault(id(engine),
+                                                                                      BatchTimeEvaluator(engine))
                 cols = np.array([tuple(pending[i][2]) for i in ids], dtype=np.int64).T
-                times = engine.batch_time(BatchFeatures(*cols))
+                times = ev(BatchFeatures(*cols))
                 answers.update(zip(ids, times.tolist()))
             for i, dt in answers.items():
                 resume(i, dt)
