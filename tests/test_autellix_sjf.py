@@ -34,8 +34,8 @@ def _fresh(w, name, **params):
     return sim, pol.scheduler
 
 
-def _order(sched, sim, reqs):
-    level, key = sched.priorities(sim.instances[0], np.array(reqs, np.int64), 0.0)
+def _order(sched, sim, reqs, now=0.0):
+    level, key = sched.priorities(sim.instances[0], np.array(reqs, np.int64), now)
     return [reqs[j] for j in np.lexsort((reqs, key, level))]
 
 
@@ -85,11 +85,13 @@ def test_plas_charges_a_program_for_the_service_of_all_its_requests():
 
 def test_plas_promotes_a_starving_program():
     sim, sched = _collective_state("autellix", starvation_ratio=2.0)
-    prog = int(sched.program[3])
-    sched.served[prog], sched.waited[prog] = 1_000_000_000, 2_000_000_000  # W / T = 2: promoted to queue 0
-    level, _ = sched.priorities(sim.instances[0], np.array([2, 3, 4]), 0.0)
-    assert level.tolist()[1] == 0
-    assert _order(sched, sim, [2, 3, 4]) == [3, 4, 2]  # FCFS within the top queue
+    served, waited = sched.served, sched.waited
+    served[int(sched.program[2])] = 10**10                 # program 0 ran 10 s and waited 1 s: not starving
+    served[int(sched.program[3])] = 10**9                  # request 3 ran 1 s and has waited 2.9 s by t = 1
+    waited[int(sched.program[3])] = 2 * 10**9
+    level, _ = sched.priorities(sim.instances[0], np.array([2, 3, 4]), 1.0)
+    assert level.tolist() == [3, 0, 0]                     # 3 promoted from queue 2; 4 is in queue 0 anyway
+    assert _order(sched, sim, [2, 3, 4], 1.0) == [3, 4, 2]  # FCFS within the top queue
 
 
 @pytest.mark.parametrize("scenario,n", [("tempo-mix", 60), ("chatbot", 120)])

@@ -8,6 +8,12 @@ and the arrival rate is scaled to 70% of it. (The busy fraction is ~1 at any loa
 so it cannot serve as the knob.) Run on one core:
 
     taskset -c 0 .venv/bin/python scripts/bench/sim_speed.py [--rows N] [--rate-scale X|auto] [--policy sarathi]
+
+``--peer`` mirrors the configuration peer simulators are usually run with, for side-by-side comparison:
+Llama-2-70B on A100 with TP2 (``llama2-70b-a100-tp2``), one replica, the Azure conv 2023 replay (first 2k / 10k
+/ all rows at ``--time-scale``), vLLM with a batch cap of 128 and 4,096 tokens per batch, and Sarathi with chunk
+512; it prints wall time, simulated requests/s, iterations/s, peak RSS and TTFT / TPOT / E2E percentiles
+(TPOT is each request's mean time per output token; slogym keeps per-request gap summaries, not every gap).
 """
 
 from __future__ import annotations
@@ -36,9 +42,12 @@ def workload(rows: int | None, rate_scale: float) -> Workload:
                               name=f"azure_conv_2023x{rate_scale}")
 
 
-def run(w: Workload, engine_name: str, policy: str, ff: bool) -> tuple[float, dict]:
+PEER_POLICIES = {"vllm": {"max_num_seqs": 128, "max_num_batched_tokens": 4096}, "sarathi": {"token_budget": 512}}
+
+
+def run(w: Workload, engine_name: str, policy: str, ff: bool, **params: object) -> tuple[float, dict]:
     eng = get_engine(engine_name)
-    sim = Simulator(w, eng, make_policy(policy, eng), fast_forward=ff)
+    sim = Simulator(w, eng, make_policy(policy, eng, **params), fast_forward=ff)
     t0 = time.perf_counter()
     sim.run()
     wall = time.perf_counter() - t0  # wall time of the run alone (workload building excluded)
@@ -53,10 +62,15 @@ def main() -> int:
     ap.add_argument("--engine", default="llama3-8b-h100")
     ap.add_argument("--policy", default="sarathi")
     ap.add_argument("--no-step", action="store_true", help="skip the step-by-step reference run")
+    ap.add_argument("--peer", action="store_true", help="the peer-simulator configuration (see above)")
+    ap.add_argument("--time-scale", type=float, default=1.0, help="--peer: arrival-rate multiplier")
+    ap.add_argument("--peer-rows", default="2000,10000,all", help="--peer: row counts")
     args = ap.parse_args()
     if not TRACE.exists():
         print(f"trace not found: {TRACE} (needs ../shared beside the repo)", file=sys.stderr)
         return 2
+    if args.peer:
+        return peer(args)
     if args.rate_scale == "auto":
         probe = workload(2000, 10.0)
         _, sat = run(probe, args.engine, args.policy, ff=True)
@@ -83,6 +97,24 @@ def main() -> int:
         print(f"fast-forward speed-up {wall_step / wall:.2f}x  (identical summary: {same})")
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS {rss_mb:.0f} MB")
+    return 0
+
+
+def peer(args: argparse.Namespace) -> int:
+    engine = "llama2-70b-a100-tp2"
+    print(f"peer configuration: {engine}, 1 replica, azure_conv_2023 x{args.time_scale}, "
+          f"vllm {PEER_POLICIES['vllm']}, sarathi {PEER_POLICIES['sarathi']}")
+    head = f"{'policy':8s} {'rows':>6s} {'wall s':>7s} {'req/s':>8s} {'iter/s':>8s} {'RSS MB':>7s}"
+    lat = " ".join(f"{m}_p{p}" for m in ("ttft", "tpot", "e2e") for p in (50, 90, 99))
+    print(head + "  " + lat + "  (seconds)")
+    for rows in args.peer_rows.split(","):
+        w = workload(None if rows == "all" else int(rows), args.time_scale)
+        for policy, params in PEER_POLICIES.items():
+            wall, s = run(w, engine, policy, ff=True, **params)
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            pct = " ".join(f"{s[f'{k}_p{p}']:.3f}" for k in ("ttft", "tpot", "ttlt") for p in (50, 90, 99))
+            print(f"{policy:8s} {len(w):6d} {wall:7.2f} {len(w) / wall:8.0f} {s['iterations'] / wall:8.0f} "
+                  f"{rss:7.0f}  {pct}")
     return 0
 
 

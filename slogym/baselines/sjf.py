@@ -142,7 +142,7 @@ class PriorityScheduler(TokenBudgetScheduler):
 class SJFScheduler(PriorityScheduler):
     """Shortest (predicted) job first."""
 
-    def __init__(self, token_budget: int = 512, max_num_seqs: int = 256, preemptive: bool = True,
+    def __init__(self, token_budget: int = 512, max_num_seqs: int = 256, preemptive: bool = False,
                  oracle: bool = False, history: Workload | None = None, history_fraction: float = 0.2,
                  quantile: float = 0.5) -> None:
         super().__init__(token_budget, max_num_seqs, preemptive)
