@@ -344,12 +344,13 @@ def cmd_profile_run(args: argparse.Namespace) -> int:
 
 
 def cmd_leaderboard(args: argparse.Namespace) -> int:
-    from slogym.leaderboard import QUICK_SCENARIOS, BoardConfig, build, default_policies
+    from slogym.leaderboard import QUICK_POLICIES, QUICK_SCENARIOS, BoardConfig, build, default_policies
     from slogym.workloads.scenarios import list_scenarios
 
     scenarios = (args.scenarios.split(",") if args.scenarios
                  else list(QUICK_SCENARIOS) if args.quick else list_scenarios())
-    policies = args.policies.split(",") if args.policies else default_policies()
+    policies = (args.policies.split(",") if args.policies
+                else list(QUICK_POLICIES) if args.quick else default_policies())
     for sc in scenarios:
         _check_choice("scenario", sc, list_scenarios())
     for pol in policies:
@@ -460,7 +461,8 @@ def build_parser() -> argparse.ArgumentParser:
     lb.add_argument("--quick", action="store_true",
                     help="5 representative scenarios, 1 seed, >= 200 requests and 20 s per run, 4 bisection steps")
     lb.add_argument("--scenarios", metavar="A,B", help="comma-separated scenarios (default: all; --quick: 5)")
-    lb.add_argument("--policies", metavar="A,B", help="comma-separated policies (default: every scheduler policy)")
+    lb.add_argument("--policies", metavar="A,B",
+                    help="comma-separated policies (default: every scheduling policy; --quick: one per family)")
     lb.add_argument("--seeds", type=_bounded(int, 1), metavar="N", help="seeds 0..N-1 (default 1 quick, 3 full)")
     lb.add_argument("--requests", type=_bounded(int, 1), metavar="N", help="requests per run")
     lb.add_argument("--engine", default="llama3-8b-h100", metavar="NAME", help="engine preset; default llama3-8b-h100")

@@ -94,7 +94,7 @@ def test_plas_promotes_a_starving_program():
     assert _order(sched, sim, [2, 3, 4], 1.0) == [3, 4, 2]  # FCFS within the top queue
 
 
-@pytest.mark.parametrize("scenario,n", [("tempo-mix", 60), ("chatbot", 120)])
+@pytest.mark.parametrize("scenario,n", [("tempo-mix", 48), ("chatbot", 80)])
 @pytest.mark.parametrize("name", list(POLICIES))
 def test_end_to_end_clean_deterministic_and_fast_forward_exact(scenario, n, name):
     w = make_workload(scenario, n_requests=n, seed=2, engine=ENGINE)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from conftest import ToyEngine
 from helpers import FF_FIELDS, assert_runs_equal, toy_engines, workloads
-from slogym.baselines import make_policy
+from slogym.baselines import REFERENCE_ONLY, ROUTERS, list_policies, make_policy
 from slogym.core.request import Request, Workload, decode, prefill
 from slogym.core.simulator import Simulator
 from slogym.engines.registry import get_engine
@@ -20,6 +20,10 @@ ENGINE = get_engine("llama3-8b-h100")
 # requests per scenario: small enough that stepping every iteration stays fast (reasoning requests decode
 # ~5000 thinking tokens each, tempo-mix collective arrivals expand into 6 rows)
 N_REQ = {"reasoning": 16, "tempo-mix": 60}
+
+
+# every registered scheduling policy (the router-only names share vLLM's scheduler)
+SCHED_POLICIES = [p for p in list_policies() if p not in ROUTERS and p not in REFERENCE_ONLY]
 
 
 def _pair(w, policy, engine=ENGINE, n_instances=1, router=None, **params):
@@ -35,7 +39,7 @@ def _pair(w, policy, engine=ENGINE, n_instances=1, router=None, **params):
 def test_fast_forward_equals_stepping_on_every_scenario(scenario):
     w = make_workload(scenario, n_requests=N_REQ.get(scenario, 150), seed=1, engine=ENGINE)
     any_ff = False
-    for policy in ("vllm", "sarathi", "edf"):
+    for policy in SCHED_POLICIES:
         (sa, ra), (sb, rb) = _pair(w, policy)
         assert_runs_equal(ra, rb, ignore=FF_FIELDS)
         assert np.array_equal(sa.rs.last_token, sb.rs.last_token, equal_nan=True)
@@ -50,7 +54,7 @@ SETTINGS = dict(deadline=None, derandomize=True, database=None,
 
 @settings(max_examples=60, **SETTINGS)
 @given(w=workloads(max_requests=8, groups=False), engine=toy_engines(),
-       policy=st.sampled_from(["vllm", "sarathi", "edf"]),
+       policy=st.sampled_from(SCHED_POLICIES),
        router=st.sampled_from(["round-robin", "random", "least-load"]), n_inst=st.integers(1, 3))
 def test_fast_forward_equals_stepping_on_random_workloads(w, engine, policy, router, n_inst):
     (sa, ra), (sb, rb) = _pair(w, policy, engine, n_inst, router)
@@ -59,7 +63,7 @@ def test_fast_forward_equals_stepping_on_random_workloads(w, engine, policy, rou
 
 
 @settings(max_examples=30, **SETTINGS)
-@given(w=workloads(max_requests=8, groups=True), engine=toy_engines(), policy=st.sampled_from(["vllm", "sarathi", "edf"]))
+@given(w=workloads(max_requests=8, groups=True), engine=toy_engines(), policy=st.sampled_from(SCHED_POLICIES))
 def test_fast_forward_equals_stepping_single_instance_with_groups(w, engine, policy):
     (sa, ra), (sb, rb) = _pair(w, policy, engine, 1)
     assert_runs_equal(ra, rb, ignore=FF_FIELDS)

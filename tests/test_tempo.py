@@ -47,7 +47,7 @@ def test_dag_matching_picks_closest_graph_and_uses_prefixes() -> None:
     h.add("agent", _graph([300, 3000], [50, 600], [5, 5]))   # other application: never matched for "tot"
     best = h.match("tot", _graph([320], [55]))               # prefix of length 1 against all
     assert best is not None and list(best.time) == [1, 9]
-    best = h.match("tot", _graph([2950, 310], [610, 50]))    # two stages: closer to the 2-stage one than the 3-stage prefix
+    best = h.match("tot", _graph([2950, 310], [610, 50]))  # two stages: nearer the 2-stage graph than the prefix
     assert list(best.time) == [9, 1]
     best = h.match("tot", _graph([3050, 290, 480], [590, 55, 95]))  # only the 3-stage graph is long enough
     assert list(best.time) == [8, 1, 2]

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import importlib.util
+from typing import Any, Callable
 
-from slogym.baselines import make_policy
+from slogym.baselines import list_policies, make_policy
 from slogym.baselines.tempo import POLICIES as TEMPO
 from slogym.core.simulator import Simulator
 from slogym.engines.registry import get_engine
@@ -59,7 +61,12 @@ def main() -> None:
     a = ap.parse_args()
     _register_lc()
     eng = get_engine(a.engine)
-    baselines = ["vllm", "sarathi"] + (["autellix"] if importlib.util.find_spec("slogym.baselines.autellix") else [])
+    factories: dict[str, Callable[..., Any]] = {n: (lambda e, n=n: make_policy(n, e)) for n in ("vllm", "sarathi")}
+    if "autellix" in list_policies():
+        factories["autellix"] = lambda e: make_policy("autellix", e)
+    elif importlib.util.find_spec("slogym.baselines.autellix"):  # built but not registered yet
+        factories["autellix"] = importlib.import_module("slogym.baselines.autellix").POLICIES["autellix"]
+    baselines = list(factories)
     names = list(TEMPO) + baselines
     rate0 = SCENARIOS["tempo-mix"].default_rate
     settings = [(w, arr) for w in ("tempo-mix", "tempo-mix-lc") for arr in ("poisson", "bursty")]
@@ -73,7 +80,7 @@ def main() -> None:
             w = make_workload(scen, rate=load * rate0, n_requests=a.requests, seed=a.seed, engine=eng)
             res = {}
             for name in names:
-                pol = TEMPO[name](eng, history=history) if name in TEMPO else make_policy(name, eng)
+                pol = TEMPO[name](eng, history=history) if name in TEMPO else factories[name](eng)
                 res[name] = Simulator(w, eng, pol, seed=a.seed).run().result().summary
             print(f"\n{wname} {arrival} load {load:g}x ({load * rate0:.1f}/s, {a.requests} arrivals, "
                   f"{len(w)} requests)")

@@ -42,6 +42,12 @@ SCHEDULERS: dict[str, Callable[..., Scheduler]] = {
 PAPER_POLICIES: dict[str, str] = {
     "sa": "slogym.baselines.sa",
     "sa-exhaustive": "slogym.baselines.sa",
+    "autellix": "slogym.baselines.autellix",
+    "sjf": "slogym.baselines.sjf",
+    "sjf-oracle": "slogym.baselines.sjf",
+    "las": "slogym.baselines.sjf",
+    **{name: "slogym.baselines.tempo" for name in
+       ("tempo", "tempo-precise", "tempo-sjf", "tempo-no-graph", "tempo-no-predictor")},
 }
 """Policies built by a paper module's ``POLICIES`` factories (``f(engine, **params) -> Policy``)."""
 
@@ -54,6 +60,15 @@ POLICY_DESCRIPTIONS: dict[str, str] = {
     "edf": "earliest deadline first on SLO deadline lines, token budget",
     "sa": "simulated-annealing SLO-aware priority + batch sizes, memory round-robin (Huang et al. 2025)",
     "sa-exhaustive": "exhaustive-search reference of the SA scheduler (small N only)",
+    "autellix": "Autellix PLAS: program-level least attained service (Luo et al. 2025; reconstructed)",
+    "sjf": "shortest job first on the predicted output length (per-app history median)",
+    "sjf-oracle": "shortest job first on the true output length (oracle)",
+    "las": "least attained service per request",
+    "tempo": "Tempo LSDF with QRF length bounds and DAG matching (Zhang et al. 2025)",
+    "tempo-precise": "Tempo with oracle output lengths and DAGs (Tempo-Precise, Fig. 12)",
+    "tempo-sjf": "shortest predicted job first with Tempo's analyzer (Tempo-SJF baseline)",
+    "tempo-no-graph": "Tempo without DAG matching (Fig. 15 ablation)",
+    "tempo-no-predictor": "Tempo without the QRF length predictor (Fig. 15 ablation)",
     "round-robin": "round-robin router + vLLM FCFS",
     "random": "random router + vLLM FCFS",
     "least-load": "least-outstanding-tokens router + vLLM FCFS",

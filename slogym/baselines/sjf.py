@@ -1,21 +1,24 @@
 """Size-based priority schedulers on the shared token-budget loop: SJF on predicted output length, and LAS.
 
 :class:`PriorityScheduler` is the loop: every resident request (running or waiting) gets a priority
-``(level, key)``; candidates take tokens in that order -- one for a decode step, a chunk for a prefill -- until
-the token budget, the sequence limit or KV memory runs out. KV shortage is resolved by priority:
+``(level, key)``. Decodes go first, as in Sarathi-Serve and vLLM's priority scheduler: running decodes take one
+token each in priority order, then prefill chunks (running, then waiting requests, in priority order) fill the
+token budget within the sequence limit and KV memory. Priority resolves contention:
 
 * running decodes that cannot all grow preempt (by recompute) the lowest-priority running requests first
   (vLLM's rule with the priority order instead of arrival order);
-* with ``preemptive``, a candidate that does not fit evicts running requests of a strictly *worse level*,
-  worst first, when that frees enough KV for its next chunk (for a decode, its next token). Comparing levels
-  rather than exact keys keeps dynamic priorities (attained service) from thrashing.
+* with ``preemptive``, a fresh request (nothing computed yet) that lacks KV for its next chunk or a place in the
+  batch evicts running requests of a strictly *worse level*, worst first, each at most once, when that makes
+  enough room. Comparing levels rather than exact keys, and these two guards, keep recompute-based
+  preemption from thrashing on priorities that move with attained service.
 
 Concrete orders (lower sorts first):
 
 * :class:`SJFScheduler` -- shortest job first: level = predicted total output length, key = arrival (FCFS among
-  equal predictions). Predictions come from an :class:`~slogym.workloads.predictors.EmpiricalLengthPredictor`
-  (per-app median by default) fitted on a history workload, or on the first ``history_fraction`` of the run's
-  own workload when none is given; ``oracle=True`` uses the true output length (Tempo's "precise information").
+  equal predictions); non-preemptive by default. Predictions come from an
+  :class:`~slogym.workloads.predictors.EmpiricalLengthPredictor` (per-app median by default) fitted on a history
+  workload, or on the first ``history_fraction`` of the run's own workload when none is given; ``oracle=True``
+  uses the true output length (Tempo's "precise information").
 * :class:`LASScheduler` -- least attained service per request: key = tokens computed for the request so far
   (``rs.computed_total``: prefill + decode tokens, a recompute after preemption included), level = its
   geometric service class (:func:`service_level`).
@@ -41,7 +44,6 @@ from slogym.core.batch import Batch
 from slogym.core.instance import Instance
 from slogym.core.policy import Policy, Router, Scheduler
 from slogym.core.request import Workload
-from slogym.core.state import Status
 from slogym.workloads.predictors import EmpiricalLengthPredictor
 
 
@@ -107,34 +109,34 @@ class PriorityScheduler(TokenBudgetScheduler):
         get KV for their next chunk and a place in the batch (vLLM's priority preemption, per iteration).
 
         ``dec`` are the surviving decodes, whose next-token blocks are already reserved out of ``free``. Victims are
-        running requests of a strictly worse level, worst first, taken only if together they make enough room;
-        the first request that cannot be made room for ends the search (later ones are no better). ``gone`` are
-        requests already preempted; the new victims are returned."""
+        running requests of a strictly worse level that were never preempted, worst first, taken only for a fresh
+        request (nothing computed yet) and only if together they make enough room; the first fresh request that
+        cannot be made room for ends the search. ``gone`` are requests already preempted; returns the new victims."""
         rs = inst.sim.rs
         budget = self.token_budget - len(dec)
         slots = self.max_num_seqs - len(dec)
         reserved = dict(zip(dec, inst.blocks_needed(dec, 1).tolist())) if dec else {}
         new: list[int] = []
-        fresh, once = rs.computed_total, rs.n_preempt
         for r in rest:
             if budget <= 0:
                 break
-            if fresh[r]:
-                continue
             chunk = min(int(inst.remaining([r])[0]), budget)
             need = int(inst.blocks_needed([r], chunk)[0])
-            pool = sorted((v for v in inst.running if v not in gone and level_of[v] > level_of[r] and not once[v]),
-                          key=rank.__getitem__, reverse=True)
-            room, seats, k = free, slots, 0
-            while (need > room or seats < 1) and k < len(pool):
-                v = pool[k]
-                room += int(rs.kv_blocks[v]) + reserved.get(v, 0)
-                seats += v in reserved
-                k += 1
+            room, seats, pool = free, slots, []
+            if (need > room or seats < 1) and not rs.computed_total[r]:  # only a fresh request evicts
+                worse = (v for v in inst.running if v not in gone and level_of[v] > level_of[r] and not rs.n_preempt[v])
+                for v in sorted(worse, key=rank.__getitem__, reverse=True):
+                    if need <= room and seats >= 1:
+                        break
+                    pool.append(v)
+                    room += int(rs.kv_blocks[v]) + reserved.get(v, 0)
+                    seats += v in reserved
             if need > room or seats < 1:
+                if rs.computed_total[r]:
+                    continue  # it waits; the builder may still fit a later one
                 break
-            new += pool[:k]
-            gone.update(pool[:k])
+            new += pool
+            gone.update(pool)
             free, slots, budget = room - need, seats - 1, budget - chunk
         return new
 

@@ -11,6 +11,10 @@ QUICK_SCENARIOS = ["chatbot", "coder", "summarizer", "mixed", "tempo-mix"]
 """The ``--quick`` board's scenarios (one of each workload shape; the full board runs every preset)."""
 
 
+QUICK_POLICIES = ["vllm", "sarathi", "edf", "sa", "sjf", "autellix", "tempo"]
+"""The ``--quick`` board's policies: one per family (the full board adds oracles, ablations and variants)."""
+
+
 def default_policies() -> list[str]:
     """Every registered single-instance scheduling policy (routers only matter with several instances)."""
     from slogym.baselines import REFERENCE_ONLY, ROUTERS, list_policies
@@ -18,5 +22,5 @@ def default_policies() -> list[str]:
     return [p for p in list_policies() if p not in ROUTERS and p not in REFERENCE_ONLY]
 
 
-__all__ = ["QUICK_SCENARIOS", "BoardConfig", "CapacitySearch", "RunCache", "RunSpec", "Runner", "bisect_capacity", "build",
+__all__ = ["QUICK_POLICIES", "QUICK_SCENARIOS", "BoardConfig", "CapacitySearch", "RunCache", "RunSpec", "Runner", "bisect_capacity", "build",
            "code_version", "default_policies", "execute", "run_board"]
