@@ -459,8 +459,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "runs.csv, capacity.csv, meta.json and attainment plots to --out.")
     lb.add_argument("--out", required=True, metavar="DIR", help="output directory (also holds the run cache)")
     lb.add_argument("--quick", action="store_true",
-                    help="5 representative scenarios, 1 seed, >= 200 requests and 20 s per run, 4 bisection steps")
-    lb.add_argument("--scenarios", metavar="A,B", help="comma-separated scenarios (default: all; --quick: 5)")
+                    help="4 representative scenarios, 1 seed, >= 200 requests and 15 s per run, 3 bisection steps")
+    lb.add_argument("--scenarios", metavar="A,B", help="comma-separated scenarios (default: all; --quick: 4)")
     lb.add_argument("--policies", metavar="A,B",
                     help="comma-separated policies (default: every scheduling policy; --quick: one per family)")
     lb.add_argument("--seeds", type=_bounded(int, 1), metavar="N", help="seeds 0..N-1 (default 1 quick, 3 full)")

@@ -7,7 +7,7 @@ from slogym.leaderboard.capacity import CapacitySearch, bisect_capacity
 from slogym.leaderboard.sweep import RunCache, Runner, RunSpec, code_version, execute
 
 
-QUICK_SCENARIOS = ["chatbot", "coder", "summarizer", "mixed", "tempo-mix"]
+QUICK_SCENARIOS = ["chatbot", "coder", "mixed", "tempo-mix"]
 """The ``--quick`` board's scenarios (one of each workload shape; the full board runs every preset)."""
 
 

@@ -41,9 +41,9 @@ class BoardConfig:
 
     @classmethod
     def quick(cls, scenarios: list[str], policies: list[str]) -> "BoardConfig":
-        """The ``make run`` board: one seed, >= 200 requests and >= 20 s of arrivals per run, four bisection
-        steps. Capacities are indicative; the full board is the reference."""
-        return cls(scenarios, policies, seeds=[0], n_requests=200, min_duration=20.0, iters=4, max_expand=3)
+        """The ``make run`` board: one seed, >= 200 requests and >= 15 s of arrivals per run, three bisection
+        steps. Capacities are indicative (within ~1/8 of the bracket); the full board is the reference."""
+        return cls(scenarios, policies, seeds=[0], n_requests=200, min_duration=15.0, iters=3, max_expand=3)
 
     @classmethod
     def full(cls, scenarios: list[str], policies: list[str]) -> "BoardConfig":
