@@ -3,7 +3,8 @@
 Steps whenever an instance starts an iteration (or every ``quantum`` iterations, reusing the last scores).
 
 Candidates: the first ``K`` of the instance's running requests (running order) followed by its waiting
-requests (queue order).
+requests (queue order). ``K`` defaults to the engine's ``max_num_seqs + 16``, so every running request and the
+head of the queue are candidates.
 
 Action ``Box(-1, 1, (K + 1,))``: a score per candidate slot and a token-budget level. The environment forms
 the batch from the scores:
@@ -65,13 +66,15 @@ def level_of(budget: int) -> float:
 class BatchingEnv(ServingEnv):
     decision = "schedule"
 
-    def __init__(self, K: int = 64, quantum: int = 1, **kw: Any) -> None:
-        if int(K) < 1:
+    def __init__(self, K: int | None = None, quantum: int = 1, **kw: Any) -> None:
+        if K is not None and int(K) < 1:
             raise ValueError(f"K={K}; must be >= 1")
         if int(quantum) < 1:
             raise ValueError(f"quantum={quantum}; must be >= 1")
         super().__init__(**kw)
-        self.K, self.quantum = int(K), int(quantum)
+        # default: every request the engine may run at once plus the head of the queue, so any batch fits
+        self.K = int(K) if K is not None else self.engine.max_num_seqs + 16
+        self.quantum = int(quantum)
         self.action_space = spaces.Box(-1.0, 1.0, (self.K + 1,), np.float32)
         self.observation_space = spaces.Dict({
             "candidates": _box(self.K, 10), "valid": _box(self.K, low=0.0, high=1.0),
