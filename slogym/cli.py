@@ -344,13 +344,14 @@ def cmd_profile_run(args: argparse.Namespace) -> int:
 
 
 def cmd_leaderboard(args: argparse.Namespace) -> int:
-    from slogym.leaderboard import QUICK_POLICIES, QUICK_SCENARIOS, BoardConfig, build, default_policies
+    from slogym.leaderboard import (QUICK_POLICIES, QUICK_SCENARIOS, BoardConfig, build, default_policies,
+                                    shipped_agents)
     from slogym.workloads.scenarios import list_scenarios
 
     scenarios = (args.scenarios.split(",") if args.scenarios
                  else list(QUICK_SCENARIOS) if args.quick else list_scenarios())
     policies = (args.policies.split(",") if args.policies
-                else list(QUICK_POLICIES) if args.quick else default_policies())
+                else list(QUICK_POLICIES) + shipped_agents() if args.quick else default_policies())
     for sc in scenarios:
         _check_choice("scenario", sc, list_scenarios())
     for pol in policies:

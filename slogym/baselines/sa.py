@@ -69,6 +69,7 @@ from slogym.baselines.common import batch_of, fill_prefill_chunks, make_room_for
 from slogym.core.batch import Batch, BatchFeatures
 from slogym.core.instance import Instance
 from slogym.core.policy import Policy, Router, Scheduler
+from slogym.engines.arrays import BatchTimeEvaluator
 from slogym.core.state import Status
 from slogym.workloads.gaussian import GaussianLengthPredictor
 
@@ -138,7 +139,7 @@ class PlanProblem:
 def build_problem(engine: Any, max_batch: int, input_len: np.ndarray, output_len: np.ndarray,
                   e2e_budget: np.ndarray, ttft_budget: np.ndarray, tpot: np.ndarray, offset: np.ndarray,
                   arrival: np.ndarray) -> PlanProblem:
-    """Tables of :class:`PlanProblem` from the engine's perf model (one vectorized ``batch_time`` call).
+    """Tables of :class:`PlanProblem` from the engine's perf model (vectorized evaluator: NumPy, or CuPy on a GPU).
 
     ``input_len`` tokens to prefill, ``output_len`` tokens to generate (the prefill emits the first).
     """
@@ -146,9 +147,9 @@ def build_problem(engine: Any, max_batch: int, input_len: np.ndarray, output_len
     b = np.arange(1, max_batch + 1, dtype=np.int64)[:, None] + np.zeros((1, n), np.int64)
     L = np.broadcast_to(input_len, b.shape).astype(np.int64)
     steps = np.broadcast_to(np.maximum(output_len, 1) - 1, b.shape).astype(np.int64)
-    prefill = np.asarray(engine.batch_time(BatchFeatures.build(
+    prefill = BatchTimeEvaluator(engine)(BatchFeatures.build(
         prefill_tokens=(b * L).ravel(), prefill_seqs=b.ravel(), prefill_attn=(b * L * L).ravel(),
-        prefill_sq=(b * L * L).ravel(), kv_tokens=(b * L).ravel())), dtype=np.float64).reshape(b.shape)
+        prefill_sq=(b * L * L).ravel(), kv_tokens=(b * L).ravel())).reshape(b.shape)
     decode = decode_time(engine, b, L, steps)
     with np.errstate(divide="ignore", invalid="ignore"):
         tpot_ok = (steps == 0) | (decode / np.maximum(steps, 1) <= tpot)
@@ -160,9 +161,9 @@ def decode_time(engine: Any, b: np.ndarray, ctx: np.ndarray, steps: np.ndarray) 
     """Eq. 16: ``steps`` decode iterations of ``b`` requests from context ``ctx`` on, as the count times the mean of
     the first and the last iteration's time (exact for Eq. 15's linear form). Arrays of one shape."""
     last = ctx + np.maximum(steps - 1, 0)
-    t = np.asarray(engine.batch_time(BatchFeatures.concat([
+    t = BatchTimeEvaluator(engine)(BatchFeatures.concat([
         BatchFeatures.build(decode_seqs=b.ravel(), decode_tokens=b.ravel(), decode_ctx=(b * c).ravel(),
-                            kv_tokens=(b * (c + 1)).ravel()) for c in (ctx, last)])), dtype=np.float64)
+                            kv_tokens=(b * (c + 1)).ravel()) for c in (ctx, last)]))
     return steps * (t[: b.size] + t[b.size:]).reshape(b.shape) / 2
 
 

@@ -57,20 +57,36 @@ def default_rate(scenario: str) -> float:
     return float(SCENARIOS[scenario].default_rate)
 
 
+def agent_setting(policy: str) -> dict[str, Any] | None:
+    """For ``agent:<name>``: the scenario and cluster size it was trained for (it runs nowhere else)."""
+    if not policy.startswith("agent:"):
+        return None
+    from slogym.agents import read_metadata
+
+    kw = read_metadata(policy.split(":", 1)[1])["env_kwargs"]
+    return {"scenario": kw["scenario"], "n_instances": int(kw.get("n_instances", 1))}
+
+
+def _runs_on(policy: str, scenario: str) -> bool:
+    setting = agent_setting(policy)
+    return setting is None or setting["scenario"] == scenario
+
+
 def _specs(cfg: BoardConfig, policy: str, scenario: str, rate: float) -> list[RunSpec]:
     n = max(cfg.n_requests, int(np.ceil(rate * cfg.min_duration)))
-    return [RunSpec(policy, scenario, float(rate), s, n, cfg.engine, trace=cfg.trace, attainment=cfg.attainment)
-            for s in cfg.seeds]
+    inst = (agent_setting(policy) or {}).get("n_instances", 1)
+    return [RunSpec(policy, scenario, float(rate), s, n, cfg.engine, n_instances=inst, trace=cfg.trace,
+                    attainment=cfg.attainment) for s in cfg.seeds]
 
 
 def run_board(cfg: BoardConfig, runner: Runner) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Fixed-load runs plus one capacity search per (policy, scenario), advanced together round by round.
     Returns (every run, capacity per policy and scenario)."""
-    fixed = [s for p in cfg.policies for sc in cfg.scenarios
-             for f in LOAD_FACTORS for s in _specs(cfg, p, sc, f * default_rate(sc))]
+    pairs = [(p, sc) for p in cfg.policies for sc in cfg.scenarios if _runs_on(p, sc)]
+    fixed = [s for p, sc in pairs for f in LOAD_FACTORS for s in _specs(cfg, p, sc, f * default_rate(sc))]
     rows = runner.run(fixed)
     searches = {(p, sc): CapacitySearch(default_rate(sc), cfg.threshold, cfg.iters, cfg.max_expand)
-                for p in cfg.policies for sc in cfg.scenarios}
+                for p, sc in pairs}
     while True:
         active = [(k, s) for k, s in searches.items() if not s.done]
         if not active:
@@ -91,16 +107,23 @@ def run_board(cfg: BoardConfig, runner: Runner) -> tuple[pd.DataFrame, pd.DataFr
 def _bold_best(table: pd.DataFrame, higher: bool = True, fmt: str = "{:.2f}") -> pd.DataFrame:
     out = table.copy().astype(object)
     for col in table.columns:
-        vals = table[col]
+        vals = table[col].astype(float)
         best = vals.max() if higher else vals.min()
-        out[col] = [("**" + fmt.format(v) + "**") if np.isfinite(v) and v == best else fmt.format(v) for v in vals]
+        out[col] = ["n/a" if not np.isfinite(v) else ("**" + fmt.format(v) + "**") if v == best else fmt.format(v)
+                    for v in vals]
     return out
+
+
+def _label(policy: str) -> str:
+    """Row label; agents trained on several replicas say so (their capacity is for the whole cluster)."""
+    n = (agent_setting(policy) or {}).get("n_instances", 1)
+    return f"{policy} ({n} replicas)" if n > 1 else policy
 
 
 def _md(table: pd.DataFrame) -> str:
     cols = [table.index.name or ""] + [str(c) for c in table.columns]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join([str(i)] + [str(v) for v in row]) + " |" for i, row in table.iterrows()]
+    lines += ["| " + " | ".join([_label(str(i))] + [str(v) for v in row]) + " |" for i, row in table.iterrows()]
     return "\n".join(lines)
 
 
@@ -116,7 +139,8 @@ def markdown(df: pd.DataFrame, capacity: pd.DataFrame, cfg: BoardConfig, meta: d
         f"requests and {cfg.min_duration:.0f} s of arrivals per run, code `{meta['code_version']}`, slogym {meta['versions']['slogym']}, built in "
         f"{meta['wall_seconds']:.0f} s.",
         f"## Serving capacity (req/s with >= {cfg.threshold:.0%} attainment; higher is better)",
-        "Bisection over the arrival rate starting at each scenario's default rate; attainment averaged over seeds.",
+        "Bisection over the arrival rate starting at each scenario's default rate; attainment averaged over seeds. "
+        "Learned agents (`agent:<name>`) run only on the scenario and cluster size they were trained for.",
         _md(_bold_best(cap)),
     ]
     for metric, title, fmt in (("attainment", "Attainment at the default rate", "{:.3f}"),
