@@ -47,8 +47,8 @@ class BoardConfig:
 
     @classmethod
     def full(cls, scenarios: list[str], policies: list[str]) -> "BoardConfig":
-        return cls(scenarios, policies, seeds=[0, 1, 2], n_requests=1000, min_duration=120.0, iters=7,
-                   max_expand=4)
+        """The reference board: three seeds, >= 400 requests and >= 60 s of arrivals per run, six bisection steps."""
+        return cls(scenarios, policies, seeds=[0, 1, 2], n_requests=400, min_duration=60.0, iters=6, max_expand=4)
 
 
 def default_rate(scenario: str) -> float:
@@ -106,11 +106,13 @@ def run_board(cfg: BoardConfig, runner: Runner) -> tuple[pd.DataFrame, pd.DataFr
 
 def _bold_best(table: pd.DataFrame, higher: bool = True, fmt: str = "{:.2f}") -> pd.DataFrame:
     out = table.copy().astype(object)
+    single = [(agent_setting(str(p)) or {}).get("n_instances", 1) == 1 for p in table.index]
     for col in table.columns:
         vals = table[col].astype(float)
-        best = vals.max() if higher else vals.min()
-        out[col] = ["n/a" if not np.isfinite(v) else ("**" + fmt.format(v) + "**") if v == best else fmt.format(v)
-                    for v in vals]
+        ranked = vals[single] if any(single) else vals  # multi-replica agents are not compared per instance
+        best = ranked.max() if higher else ranked.min()
+        out[col] = ["n/a" if not np.isfinite(v) else ("**" + fmt.format(v) + "**") if v == best and one
+                    else fmt.format(v) for v, one in zip(vals, single)]
     return out
 
 
