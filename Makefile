@@ -15,19 +15,24 @@ $(VENV)/.core: pyproject.toml | $(BIN)/python
 	$(PIP) -e .
 	touch $@
 
-# torch first and pinned (the CPU wheel); an unpinned resolve would pull CUDA builds
-$(VENV)/.dev: pyproject.toml $(VENV)/.core
+# torch first and pinned (the CPU wheel); an unpinned resolve would pull CUDA builds. The rl extra lets the
+# learned agents run (on the leaderboard too).
+$(VENV)/.rl: pyproject.toml $(VENV)/.core
 	$(PIP) torch==2.13.0
+	$(PIP) -e ".[rl]"
+	touch $@
+
+$(VENV)/.dev: pyproject.toml $(VENV)/.rl
 	$(PIP) -e ".[dev,rl,ray]"
 	touch $@
 
-run: $(VENV)/.core
+run: $(VENV)/.rl
 	$(BIN)/slogym leaderboard --quick --out out/leaderboard
 
 test: $(VENV)/.dev
 	$(BIN)/python -m pytest tests
 
-bench: $(VENV)/.core
+bench: $(VENV)/.rl
 	taskset -c 0 $(BIN)/python scripts/bench/sim_speed.py
 
 clean:
