@@ -31,6 +31,7 @@ class BoardConfig:
     seeds: list[int]
     n_requests: int
     min_duration: float = 60.0  # seconds of arrivals per run at least: short bursts would drain within loose SLOs
+    max_requests: int = 3000  # ...but no more requests than this (high-rate runs of loose-SLO scenarios)
     engine: str = "llama3-8b-h100"
     threshold: float = 0.9
     iters: int = 6
@@ -73,7 +74,7 @@ def _runs_on(policy: str, scenario: str) -> bool:
 
 
 def _specs(cfg: BoardConfig, policy: str, scenario: str, rate: float) -> list[RunSpec]:
-    n = max(cfg.n_requests, int(np.ceil(rate * cfg.min_duration)))
+    n = min(max(cfg.n_requests, int(np.ceil(rate * cfg.min_duration))), max(cfg.max_requests, cfg.n_requests))
     inst = (agent_setting(policy) or {}).get("n_instances", 1)
     return [RunSpec(policy, scenario, float(rate), s, n, cfg.engine, n_instances=inst, trace=cfg.trace,
                     attainment=cfg.attainment) for s in cfg.seeds]
@@ -138,7 +139,7 @@ def markdown(df: pd.DataFrame, capacity: pd.DataFrame, cfg: BoardConfig, meta: d
     parts = [
         "# slogym leaderboard",
         f"Engine `{cfg.engine}`, attainment mode `{cfg.attainment}`, seeds {cfg.seeds}, at least {cfg.n_requests} "
-        f"requests and {cfg.min_duration:.0f} s of arrivals per run, code `{meta['code_version']}`, slogym {meta['versions']['slogym']}, built in "
+        f"requests and {cfg.min_duration:.0f} s of arrivals per run (at most {cfg.max_requests} requests), code `{meta['code_version']}`, slogym {meta['versions']['slogym']}, built in "
         f"{meta['wall_seconds']:.0f} s.",
         f"## Serving capacity (req/s with >= {cfg.threshold:.0%} attainment; higher is better)",
         "Bisection over the arrival rate starting at each scenario's default rate; attainment averaged over seeds. "
