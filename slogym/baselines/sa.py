@@ -293,8 +293,6 @@ class SAScheduler(Scheduler):
         self._rank: dict[int, int] = {}                  # planned priority (lower runs first) of planned requests
         self._group: dict[int, int] = {}                 # planned batch of each waiting request
         self._live: set[int] = set()                     # requests seen and not yet observed as done
-        self.plans = 0
-        self.plan_seconds = 0.0
 
     # ----------------------------------------------------------------------------------------------- prediction
     def predicted_output(self, reqs: np.ndarray) -> np.ndarray:
@@ -331,9 +329,6 @@ class SAScheduler(Scheduler):
                              waited + base, w.arrival[reqs])
 
     def _replan(self, inst: Instance, now: float) -> None:
-        from time import perf_counter
-
-        t0 = perf_counter()
         reqs = np.array(inst.waiting, dtype=np.int64)
         self._live.update(inst.waiting)
         p = self.problem(inst, reqs, now)
@@ -344,8 +339,6 @@ class SAScheduler(Scheduler):
         order = p.priority(g)
         self._rank = {int(reqs[j]): i for i, j in enumerate(order)}
         self._group = {int(r): int(x) for r, x in zip(reqs, g)}
-        self.plans += 1
-        self.plan_seconds += perf_counter() - t0
 
     # ----------------------------------------------------------------------------------------------- batches
     def next_batch(self, inst: Instance, now: float) -> Batch | None:

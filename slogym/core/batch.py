@@ -8,7 +8,7 @@ once) feed bit-identical inputs to the same vectorized ``batch_time`` and get bi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import numpy as np
 
@@ -74,12 +74,6 @@ class BatchFeatures(NamedTuple):
     @classmethod
     def concat(cls, parts: list["BatchFeatures"]) -> "BatchFeatures":
         return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in cls._fields))
-
-
-class BatchTimeModel(Protocol):
-    """Anything that maps batch features to iteration times in seconds (vectorized over batches)."""
-
-    def batch_time(self, f: BatchFeatures) -> np.ndarray: ...
 
 
 @dataclass

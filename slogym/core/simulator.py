@@ -829,21 +829,19 @@ class Simulator:
             self._pbar.update(1024)
         g = int(self.w.group[r])
         if g >= 0:
-            yield from self._group_progress(g, int(self.w.group_stage[r]), t)
+            self._group_progress(g, int(self.w.group_stage[r]), t)
         if self.global_queue and outcome in (Outcome.FINISHED, Outcome.BEST_EFFORT):
             yield from self._retry_queue(t)
 
-    def _group_progress(self, g: int, s: int, t: float) -> _Gen:
-        key = (g, s)
-        self._groups[key] -= 1
+    def _group_progress(self, g: int, s: int, t: float) -> None:
+        """A request of group ``g``'s stage ``s`` is done; release the next stage once this one is empty."""
+        self._groups[(g, s)] -= 1
         while self._groups.get((g, self._group_stage_open[g]), 0) == 0 and \
                 (g, self._group_stage_open[g] + 1) in self._groups:
             self._group_stage_open[g] += 1
             for r in self._held.pop((g, self._group_stage_open[g]), []):
                 self._seq += 1
                 heapq.heappush(self._glob, (t, self._seq, _RELEASE, r))
-        return
-        yield
 
     def _retry_queue(self, t: float) -> _Gen:
         queue, self.global_queue = self.global_queue, []
