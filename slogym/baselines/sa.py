@@ -109,16 +109,18 @@ class PlanProblem:
 
     def evaluate(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """SLO flags ``s`` (K, N) and latencies (K, N) of ``K`` plans ``g`` (K, N) (batch index per request)."""
-        n = self.n
-        onehot = g[:, :, None] == np.arange(n)                       # (K, request, batch)
-        size = np.take_along_axis(onehot.sum(axis=1), g, axis=1)     # batch size each request runs in (Eq. 12)
-        cols = np.arange(n)
+        k, n = g.shape
+        flat = (g + (np.arange(k) * n)[:, None]).ravel()             # batch ids made unique across plans
+        size = np.bincount(flat, minlength=k * n)[flat]               # batch size each request runs in (Eq. 12)
+        cols = np.tile(np.arange(n), k)
         e = self.exec_time[size - 1, cols]
-        dur = np.where(onehot, e[:, :, None], 0.0).max(axis=1)       # a batch lasts as long as its longest member
-        wait = np.take_along_axis(np.cumsum(dur, axis=1) - dur, g, axis=1)  # Eq. 11: earlier batches
-        met = ((wait + e <= self.e2e_budget) & (wait + self.first_time[size - 1, cols] <= self.ttft_budget)
-               & self.tpot_ok[size - 1, cols])
-        return met, self.offset + wait + e
+        dur = np.zeros(k * n)
+        np.maximum.at(dur, flat, e)                                   # a batch lasts as long as its longest member
+        dur = dur.reshape(k, n)
+        wait = (np.cumsum(dur, axis=1) - dur).ravel()[flat]           # Eq. 11: earlier batches
+        met = ((wait + e <= np.tile(self.e2e_budget, k)) & (wait + self.first_time[size - 1, cols]
+               <= np.tile(self.ttft_budget, k)) & self.tpot_ok[size - 1, cols])
+        return met.reshape(k, n), (wait + e).reshape(k, n) + self.offset
 
     def objective(self, g: np.ndarray) -> np.ndarray:
         """``G = sum s_j / sum latency_j`` (Eq. 2: attainment / average latency) of each plan in ``g`` (K, N)."""
@@ -182,20 +184,17 @@ class AnnealConfig:
             raise ValueError(f"invalid annealing config {self}: need t0 > t_min > 0, 0 < alpha < 1, iters >= 1")
 
 
-def _propose(p: PlanProblem, cur: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
-    """``k`` neighbours of plan ``cur`` (N,): squeeze / delay / swap (§4.3), one move each; an infeasible squeeze
-    or delay leaves the plan unchanged."""
+def _propose(p: PlanProblem, cur: np.ndarray, kind: np.ndarray, r: np.ndarray, r2: np.ndarray) -> np.ndarray:
+    """Neighbours of plan ``cur`` (N,), one per move: ``kind`` 0 = squeeze ``r`` into the previous batch, 1 = delay
+    it into the next, 2 = swap ``r`` and ``r2`` (§4.3). An infeasible squeeze or delay leaves the plan unchanged."""
     n, bmax = p.n, p.max_batch
     count = np.bincount(cur, minlength=n)
-    kind = rng.integers(0, 3, k)
-    r = rng.integers(0, n, k)
-    r2 = rng.integers(0, n, k)
     gr = cur[r]
-    squeeze = (kind == 0) & (gr > 0) & (count[np.maximum(gr - 1, 0)] < bmax)
+    squeeze = (kind == 0) & (gr > 0) & (count[gr - 1] < bmax)   # gr - 1 = -1 (gr == 0) is masked by gr > 0
     delay = (kind == 1) & (gr < n - 1) & (count[np.minimum(gr + 1, n - 1)] < bmax)
     swap = kind == 2
-    out = np.repeat(cur[None], k, axis=0)
-    rows = np.arange(k)
+    out = np.tile(cur, (kind.size, 1))
+    rows = np.arange(kind.size)
     out[rows, r] = np.where(swap, cur[r2], gr - squeeze + delay)
     out[rows[swap], r2[swap]] = gr[swap]
     return out
@@ -213,17 +212,22 @@ def anneal(p: PlanProblem, rng: np.random.Generator, cfg: AnnealConfig = AnnealC
     cur, g_cur = starts[j], float(g_start[j])
     best, g_best = cur, g_cur
     scale = 100.0 / max(g_cur, 1.0 / float(lat[j].sum()))   # dG in percent of the start's G
-    t = cfg.t0
-    while t >= cfg.t_min:
-        props = _propose(p, cur, cfg.iters, rng)
+    temps = [cfg.t0]
+    while temps[-1] * cfg.alpha >= cfg.t_min:
+        temps.append(temps[-1] * cfg.alpha)
+    levels = len(temps)
+    shape = (levels, cfg.iters)   # every random draw of the search at once: one generator call per kind
+    kinds, rs, rs2 = rng.integers(0, 3, shape), rng.integers(0, p.n, shape), rng.integers(0, p.n, shape)
+    us = rng.random(levels)
+    for lvl, t in enumerate(temps):
+        props = _propose(p, cur, kinds[lvl], rs[lvl], rs2[lvl])
         gp = np.where((props != cur).any(axis=1), p.objective(props), -np.inf)  # no-op moves never win
         i = int(np.argmax(gp))
         d = float(gp[i]) - g_cur
-        if d > -np.inf and (d >= 0 or rng.random() < math.exp(d * scale / t)):
+        if d > -np.inf and (d >= 0 or us[lvl] < math.exp(d * scale / t)):
             cur, g_cur = props[i], float(gp[i])
             if g_cur > g_best:
                 best, g_best = cur, g_cur
-        t *= cfg.alpha
     return best, g_best
 
 
