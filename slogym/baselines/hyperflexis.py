@@ -1,0 +1,572 @@
+"""HyperFlexis (2025): multi-SLO-aware dispatching, priority-based SLO mapping and threshold scaling.
+
+The extracted paper lost most symbols of its formulas and omits the pseudo code of Algorithms 1 and 3; this
+module states what it reconstructed from the prose (each piece's docstring repeats it where it is used).
+
+**Latency model (§3 Eq. 1-2, App. A).** Prefill time of a batch ``T_p = a + b * sum(l) + c * sum(l^2)`` (DistServe's
+quadratic form) and one decode step ``T_d = d0 + d1 * B + d2 * sum(ctx)`` (``B`` the batch size: the "batching
+effects" term; ``ctx`` each request's current length). App. A fits the coefficients by least squares on the squared
+*relative* error over profiled batches (batch sizes 1..192 x input lengths 4..2020); slogym profiles the engine's
+perf model on that grid (:meth:`LatencyModel.fit`).
+
+**Token budget (§5.1 Eq. 5, App. B, Eq. 7).** A worker that dispatches a prefill batch of duration ``T_p`` stalls its
+ongoing decodes; they recover the stall during the next ``k`` decode steps, each of which leaves ``TPOT - D`` of
+slack (``D`` the estimated decode step of the ongoing requests; the "time-saving rate" is ``(TPOT - D) / TPOT``):
+``k = T_p / (TPOT - D)``. The worker's next maturity is therefore ``T_p + k * D = T_p * TPOT / (TPOT - D)`` after the
+dispatch, and in the worst case (App. B) a request arriving right after a dispatch waits that long, so
+``T_p * TPOT / (TPOT - D) <= TTFT``. Dropping the quadratic term and the request's own prefill (App. B) and solving
+with ``T_p = a + b * ntoken`` gives the reconstructed Eq. 5:
+``ntoken = (TTFT * (TPOT - D) / TPOT - a) / b`` with the tightest TTFT and TPOT targets.
+
+**Dispatcher (§5.1, Algorithm 1).** (1) The worker with the earliest maturity time is taken from a priority queue
+(:class:`WorkerQueue`); (2) its budget is Eq. 5; (3) the request queue, ordered by TPOT SLO then TTFT SLO then
+arrival, is scanned for requests that fit; (4) a request is admitted only if its probability of meeting its TTFT
+(:func:`ttft_probability`) reaches ``admit_threshold``; (5) the batch is dispatched, the worker's maturity time is
+recomputed from the predicted processing time and pushed back into the queue.
+
+Deviation (central queue): slogym's simulator offers a deferred request again only when some request finishes, so
+it could not be released at a worker's maturity time; the global queue is therefore kept as per-worker queues
+bound at arrival. :class:`HyperFlexisDispatcher` binds each arriving request to the worker at the top of the
+maturity queue, whose key is its *shadow* maturity (its next maturity plus the batches already bound to it, App. B's
+interval each), and rejects it when its TTFT probability at that predicted start is below the threshold (this is
+the decision Admission-v0 / Routing-v0 see). :class:`HyperFlexisScheduler` (the worker) holds its queue until its
+maturity time, then runs steps 2-5; a queued request whose TTFT probability has fallen below the threshold by then
+is not admitted and is demoted to best-effort (it runs only on budget no SLO request can use).
+
+**Priority-based SLO mapping (§5.2, Eq. 6).** :class:`SLOMapper` (policies ``hyperflexis-pm``) derives TTFT and TPOT
+targets from priorities over sliding windows of recent completions; see its docstring.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from slogym.baselines.common import batch_of, make_room_for_decodes, split_running, unstick
+from slogym.core.batch import Batch, BatchFeatures
+from slogym.core.instance import Instance, Role
+from slogym.core.policy import BEST_EFFORT, REJECT, Policy, Router, Scheduler
+from slogym.core.state import Outcome, Status
+
+if TYPE_CHECKING:
+    from slogym.core.simulator import Simulator
+
+INF = math.inf
+
+#: App. A profiling grid: batch sizes and input lengths
+PROFILE_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192)
+PROFILE_LENGTHS = (4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 284, 512, 768, 1024, 1536, 2020)
+
+
+# ============================================================================ latency model (Eq. 1-2, App. A)
+@dataclass(frozen=True)
+class LatencyModel:
+    """Eq. 1 prefill ``a + b * sum(l) + c * sum(l^2)`` and Eq. 2 decode ``d0 + d1 * B + d2 * sum(ctx)`` (seconds).
+
+    The symbols of Eq. 1-2 were lost in extraction; the forms follow the prose (quadratic prefill "as DistServe",
+    decode linear in the current lengths plus a batch-size term for "batching effects").
+    """
+
+    a: float
+    b: float
+    c: float
+    d0: float
+    d1: float
+    d2: float
+
+    @classmethod
+    def fit(cls, engine: Any, max_tokens: int = 16384) -> "LatencyModel":
+        """Least squares on the relative error (App. A) over the App. A grid, timed by ``engine``'s perf model;
+        prefill batches above ``max_tokens`` tokens are left out (the engine never runs them)."""
+        B, L = (np.array(v, dtype=np.int64) for v in np.meshgrid(PROFILE_BATCH_SIZES, PROFILE_LENGTHS))
+        B, L = B.ravel(), L.ravel()
+        pre = B * L <= max_tokens
+        bp, lp = B[pre], L[pre]
+        t_pre = np.asarray(engine.batch_time(BatchFeatures.build(
+            prefill_tokens=bp * lp, prefill_seqs=bp, prefill_attn=bp * lp * lp, prefill_sq=bp * lp * lp,
+            kv_tokens=bp * lp)), dtype=np.float64)
+        t_dec = np.asarray(engine.batch_time(BatchFeatures.build(
+            decode_seqs=B, decode_tokens=B, decode_ctx=B * L, kv_tokens=B * (L + 1))), dtype=np.float64)
+        a, b, c = _relative_lstsq(np.column_stack([np.ones(bp.size), bp * lp, bp * lp * lp]), t_pre)
+        d0, d1, d2 = _relative_lstsq(np.column_stack([np.ones(B.size), B, B * L]), t_dec)
+        return cls(a, max(b, 1e-12), c, d0, d1, d2)
+
+    def prefill_time(self, tokens: float, sq: float | None = None) -> float:
+        """Eq. 1 for a batch of ``tokens`` prompt tokens (``sq`` = sum of squared lengths; default one prompt)."""
+        return self.a + self.b * tokens + self.c * (tokens * tokens if sq is None else sq)
+
+    def decode_time(self, n: int, ctx: float) -> float:
+        """Eq. 2: one decode step of ``n`` requests holding ``ctx`` tokens in total (0 when ``n == 0``)."""
+        return self.d0 + self.d1 * n + self.d2 * ctx if n else 0.0
+
+
+def _relative_lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    w = 1.0 / y
+    return np.linalg.lstsq(X * w[:, None], y * w, rcond=None)[0]
+
+
+# ============================================================================ Eq. 5 / App. B and admission
+def token_budget(ttft: float, tpot: float, decode_cost: float, a: float, b: float) -> float:
+    """Reconstructed Eq. 5: ``ntoken = (TTFT * (TPOT - D) / TPOT - a) / b`` (module doc), at least 0.
+
+    ``tpot = inf`` (no ongoing decode, or none with a TPOT SLO) gives ``(TTFT - a) / b``; ``ttft = inf`` an
+    unbounded budget; ``TPOT <= D`` (the decodes already use all their slack) a budget of 0.
+    """
+    rate = 1.0 if tpot == INF else max(tpot - decode_cost, 0.0) / tpot
+    if ttft == INF:
+        return INF if rate > 0 else 0.0
+    return max((ttft * rate - a) / b, 0.0)
+
+
+def maturity_interval(prefill_time: float, tpot: float, decode_cost: float) -> float:
+    """App. B: time from a dispatch until the worker is mature again: the prefill plus the ``k`` decode steps that
+    amortize its stall, ``k = ceil(T_p / (TPOT - D))`` (0 without ongoing TPOT-bound decodes)."""
+    if tpot == INF or decode_cost <= 0.0:
+        return prefill_time
+    slack = tpot - decode_cost
+    if slack <= 0.0:
+        return INF
+    return prefill_time + math.ceil(prefill_time / slack) * decode_cost
+
+
+def ttft_probability(waited: float, ttft: float, remaining: float, utilization: float, cv: float = 0.25) -> float:
+    """§5.1 step 4: probability that a request meets its TTFT given its waiting time, TTFT target, the estimated
+    time until its prefill completes (``remaining``: wait for the worker plus the prefill) and the worker's
+    utilization ``u`` in [0, 1].
+
+    The formula is not in the text; reconstructed as a normal prediction error whose spread grows with the
+    prediction and with the worker's load: ``P = Phi((TTFT - waited - remaining) / (cv * (1 + u) * remaining))``.
+    """
+    slack = ttft - waited - remaining
+    if ttft == INF:
+        return 1.0
+    sigma = cv * (1.0 + utilization) * remaining
+    if sigma <= 0.0:
+        return 1.0 if slack >= 0.0 else 0.0
+    return 0.5 * (1.0 + math.erf(slack / (sigma * math.sqrt(2.0))))
+
+
+# ============================================================================ worker priority queue (§5.1 step 1)
+class WorkerQueue:
+    """The Worker-Priority Queue: workers ordered by maturity time (ties: lower index), lazily updated.
+
+    ``update(w, t)`` re-inserts worker ``w`` with key ``t`` (older entries of ``w`` become stale);
+    ``earliest(ok)`` returns the worker with the smallest key among those ``ok`` accepts.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, int]] = []
+        self._version: dict[int, int] = {}
+        self.key: dict[int, float] = {}
+
+    def update(self, w: int, t: float) -> None:
+        v = self._version.get(w, 0) + 1
+        self._version[w] = v
+        self.key[w] = t
+        heapq.heappush(self._heap, (t, w, v))
+
+    def remove(self, w: int) -> None:
+        self._version[w] = self._version.get(w, 0) + 1
+        self.key.pop(w, None)
+
+    def earliest(self, ok: Callable[[int], bool]) -> int | None:
+        """Smallest-key worker with ``ok(w)``; stale entries are discarded, skipped valid ones kept."""
+        skipped: list[tuple[float, int, int]] = []
+        found = None
+        while self._heap:
+            t, w, v = self._heap[0]
+            if v != self._version.get(w):
+                heapq.heappop(self._heap)
+                continue
+            if ok(w):
+                found = w
+                break
+            skipped.append(heapq.heappop(self._heap))
+        for e in skipped:
+            heapq.heappush(self._heap, e)
+        return found
+
+
+# ============================================================================ priority-based SLO mapping (§5.2)
+class SLOMapper:
+    """§5.2: TTFT/TPOT targets derived from priorities over sliding windows of recent completions.
+
+    ``levels`` priority levels, paper convention ``P0`` = most important. ``ttft_bounds`` / ``tpot_bounds`` are
+    ``(lower, upper)`` arrays per level. Steps (Fig. 2):
+
+    1. a request's priority level ``p`` is the input;
+    2. two windows of the last ``window`` completed requests keep (level, TTFT, mean TPOT, queueing delay);
+    3. Eq. 6 (symbols lost, reconstructed from the prose): with the window's latencies sorted ascending, the index is
+       ``base + offset``, ``base = sum_{q < p} n_q`` (completions of more important levels in the window) and
+       ``offset = floor(offset_quantile * n_p)`` (the position inside the level's own slice; the paper's value is
+       not given, the median by default), clipped to the window; the latency there is the provisional SLO;
+    4. queue-spike correction (TTFT only): the chosen reference request's queueing delay minus that of the most
+       recent completion of the same level is subtracted when positive;
+    5. bounds: the upper bound always holds; the lower bound is the level's own while a more important request is
+       pending, else relaxed to the next more important level's lower bound (lower levels may then finish sooner
+       without overtaking more important ones). An empty window gives the upper bound.
+    """
+
+    def __init__(self, ttft_bounds: tuple[np.ndarray, np.ndarray], tpot_bounds: tuple[np.ndarray, np.ndarray],
+                 window: int = 256, offset_quantile: float = 0.5) -> None:
+        if window < 1 or not 0.0 <= offset_quantile <= 1.0:
+            raise ValueError(f"window={window} must be >= 1, offset_quantile={offset_quantile} in [0, 1]")
+        self.ttft_lo, self.ttft_hi = (np.asarray(x, dtype=np.float64) for x in ttft_bounds)
+        self.tpot_lo, self.tpot_hi = (np.asarray(x, dtype=np.float64) for x in tpot_bounds)
+        self.levels = int(self.ttft_lo.shape[0])
+        for name, lo, hi in (("ttft", self.ttft_lo, self.ttft_hi), ("tpot", self.tpot_lo, self.tpot_hi)):
+            if lo.shape != (self.levels,) or hi.shape != (self.levels,) or np.isnan(lo).any() or (lo > hi).any():
+                raise ValueError(f"{name} bounds must be (lower, upper) arrays of {self.levels} levels with "
+                                 f"lower <= upper; got {lo.tolist()}, {hi.tolist()}")
+        self.window = window
+        self.offset_quantile = offset_quantile
+        self._ttft: deque[tuple[int, float, float]] = deque(maxlen=window)
+        self._tpot: deque[tuple[int, float]] = deque(maxlen=window)
+
+    def observe(self, level: int, ttft: float, tpot: float, queue_delay: float) -> None:
+        """A completed request of ``level`` enters the windows (NaN latencies are not recorded)."""
+        if not math.isnan(ttft):
+            self._ttft.append((level, ttft, queue_delay))
+        if not math.isnan(tpot):
+            self._tpot.append((level, tpot))
+
+    def _index(self, levels: np.ndarray, p: int) -> int:
+        base = int((levels < p).sum())
+        offset = int(self.offset_quantile * int((levels == p).sum()))
+        return min(base + offset, levels.size - 1)
+
+    def _bounded(self, x: float, lo: np.ndarray, hi: np.ndarray, p: int, higher_pending: bool) -> float:
+        low = lo[p] if higher_pending or p == 0 else lo[p - 1]
+        return float(min(max(x, low), hi[p]))
+
+    def map(self, level: int, higher_pending: bool) -> tuple[float, float]:
+        """(TTFT, TPOT) targets for a new request of ``level`` (steps 3-5)."""
+        if not 0 <= level < self.levels:
+            raise ValueError(f"priority level {level} outside 0..{self.levels - 1}")
+        ttft = self.ttft_hi[level]
+        if self._ttft:
+            win = np.array(self._ttft, dtype=np.float64)
+            lv = win[:, 0].astype(np.int64)
+            order = np.argsort(win[:, 1], kind="stable")
+            ref = order[self._index(lv[order], level)]
+            ttft = win[ref, 1]
+            same = np.flatnonzero(lv == level)
+            if same.size:  # step 4: the reference's extra queueing over the latest same-level completion
+                ttft -= max(win[ref, 2] - win[same[-1], 2], 0.0)
+        tpot = self.tpot_hi[level]
+        if self._tpot:
+            win = np.array(self._tpot, dtype=np.float64)
+            order = np.argsort(win[:, 1], kind="stable")
+            tpot = win[order[self._index(win[order, 0].astype(np.int64), level)], 1]
+        return (self._bounded(ttft, self.ttft_lo, self.ttft_hi, level, higher_pending),
+                self._bounded(tpot, self.tpot_lo, self.tpot_hi, level, higher_pending))
+
+
+def mapper_for(sim: "Simulator", levels: np.ndarray, n_levels: int, spread: float, window: int,
+               offset_quantile: float) -> SLOMapper:
+    """The mapper of §7.3: per level, the workload's median TTFT/TPOT target is the upper bound and
+    ``(1 - spread)`` times it the lower bound (the paper's range value was lost)."""
+    w = sim.w
+    hi_ttft, hi_tpot = np.empty(n_levels), np.empty(n_levels)
+    for p in range(n_levels):
+        sel = levels == p
+        hi_ttft[p] = float(np.median(w.first_ttft[sel])) if sel.any() else INF
+        hi_tpot[p] = float(np.median(w.min_tpot[sel])) if sel.any() else INF
+    return SLOMapper(((1.0 - spread) * hi_ttft, hi_ttft), ((1.0 - spread) * hi_tpot, hi_tpot), window,
+                     offset_quantile)
+
+
+# ============================================================================ shared dispatcher state
+class DispatcherState:
+    """What the dispatcher, the workers' schedulers and the monitor share: the latency model, per-request SLO
+    targets used for scheduling (the workload's, or the mapped ones), worker maturity times and the worker queue.
+
+    Workers are the instances; their roles select the stage they serve (colocated, prefill, decode).
+    """
+
+    def __init__(self, admit_threshold: float, cv: float, monitor_interval: float, slo_mapping: bool,
+                 spread: float, window: int, offset_quantile: float, reject: str) -> None:
+        if not 0.0 <= admit_threshold <= 1.0:
+            raise ValueError(f"admit_threshold={admit_threshold}; must be in [0, 1]")
+        if not cv > 0 or not monitor_interval > 0 or not 0.0 <= spread < 1.0:
+            raise ValueError(f"cv={cv} and monitor_interval={monitor_interval} must be > 0, spread={spread} in [0, 1)")
+        if reject not in ("reject", "best_effort"):
+            raise ValueError(f"reject={reject!r}; expected 'reject' or 'best_effort'")
+        self.admit_threshold, self.cv, self.monitor_interval = admit_threshold, cv, monitor_interval
+        self.slo_mapping, self.spread, self.window, self.offset_quantile = slo_mapping, spread, window, offset_quantile
+        self.reject = reject
+        self.sim: Simulator | None = None
+
+    def reset(self, sim: "Simulator") -> None:
+        self.sim = sim
+        w = sim.w
+        self.models: dict[str, LatencyModel] = {}
+        self.ttft = w.first_ttft.astype(np.float64).copy()   # targets the scheduler works with
+        self.tpot = w.min_tpot.astype(np.float64).copy()
+        # paper levels: 0 = most important (workload priority: larger = more important)
+        prios = np.unique(w.priority)
+        self.level = (prios.size - 1 - np.searchsorted(prios, w.priority)).astype(np.int64)
+        self.pending = np.zeros(max(prios.size, 1), np.int64)  # bound, not yet dispatched, per level
+        self.mapper = (mapper_for(sim, self.level, prios.size, self.spread, self.window, self.offset_quantile)
+                       if self.slo_mapping else None)
+        finite = self.ttft[np.isfinite(self.ttft)]
+        self.tightest_ttft = float(self.mapper.ttft_lo.min() if self.mapper else finite.min() if finite.size else INF)
+        self.maturity = np.zeros(len(sim.instances))
+        self.timer_at = np.full(len(sim.instances), -INF)
+        self.workers = WorkerQueue()
+        self.tracked: list[int] = []
+        self.mapped = np.zeros(len(w), bool)
+        self.next_monitor = 0.0
+        self.monitor(0.0)
+
+    # ------------------------------------------------------------------ the model of one worker
+    def model(self, inst: Instance) -> LatencyModel:
+        m = self.models.get(inst.engine.name)
+        if m is None:
+            m = self.models[inst.engine.name] = LatencyModel.fit(inst.engine, 2 * int(inst.engine.max_num_batched_tokens))
+        return m
+
+    def decode_cost(self, inst: Instance, dec: np.ndarray) -> float:
+        """``D``: Eq. 2 for one step of the ongoing decodes ``dec``."""
+        if not dec.size:
+            return 0.0
+        return self.model(inst).decode_time(int(dec.size), float((self.sim.rs.num_computed[dec] + 1).sum()))
+
+    def outlook(self, inst: Instance, dec: np.ndarray) -> tuple[float, float, float]:
+        """(Eq. 5 budget capped by the engine's batch limit, tightest ongoing TPOT, ``D``) of ``inst`` now."""
+        m = self.model(inst)
+        d = self.decode_cost(inst, dec)
+        tpot = float(self.tpot[dec].min()) if dec.size else INF
+        budget = min(token_budget(self.tightest_ttft, tpot, d, m.a, m.b), float(inst.engine.max_num_batched_tokens))
+        return budget, tpot, d
+
+    def utilization(self, inst: Instance) -> float:
+        return max(inst.kv_utilization, len(inst.running) / float(inst.engine.max_num_seqs))
+
+    def sort_key(self, r: int) -> tuple[bool, float, float, float]:
+        """Request-queue order (§5.1 step 3): SLO requests before demoted ones, then TPOT, TTFT, arrival."""
+        return (bool(self.sim.rs.be[r]), float(self.tpot[r]), float(self.ttft[r]), float(self.sim.w.arrival[r]))
+
+    def probability(self, r: int, inst: Instance, start: float, now: float, batch_tokens: int = 0) -> float:
+        """TTFT probability of ``r`` if its prefill starts on ``inst`` at ``start`` in a batch of
+        ``batch_tokens`` other prompt tokens."""
+        rs = self.sim.rs
+        l = int(rs.num_tokens[r] - rs.num_computed[r])
+        remaining = max(start - now, 0.0) + self.model(inst).prefill_time(batch_tokens + l)
+        return ttft_probability(now - float(rs.ready[r]), float(self.ttft[r]), remaining, self.utilization(inst),
+                                self.cv)
+
+    # ------------------------------------------------------------------ shadow maturity and the monitor
+    def shadow_maturity(self, inst: Instance, now: float, extra: float = 0.0) -> float:
+        """When a request bound now would be dispatched: the worker's maturity plus one App. B interval per full
+        budget of prompt tokens queued on it (``extra`` tokens added to the queue: a binding, or minus a dispatch)."""
+        start = max(float(self.maturity[inst.id]), now)
+        rs = self.sim.rs
+        queued = extra
+        if inst.waiting:
+            wait = np.asarray(inst.waiting, dtype=np.int64)
+            queued += float((rs.num_tokens[wait] - rs.num_computed[wait]).sum())
+        if queued <= 0.0:
+            return start
+        dec, _ = split_running(inst)
+        budget, tpot, d = self.outlook(inst, dec)
+        if budget < 1.0:
+            return INF
+        batches = math.floor(queued / budget)
+        return start + batches * maturity_interval(self.model(inst).prefill_time(budget), tpot, d) if batches else start
+
+    def refresh(self, inst: Instance, now: float) -> None:
+        self.workers.update(inst.id, self.shadow_maturity(inst, now))
+
+    def monitor(self, now: float) -> None:
+        """Periodic telemetry (§4): re-key every worker from its real state, recount pending requests per level,
+        and feed completed requests to the SLO mapper's windows."""
+        if now < self.next_monitor:
+            return
+        self.next_monitor = now + self.monitor_interval
+        sim = self.sim
+        for inst in sim.instances:
+            self.refresh(inst, now)
+        self.pending[:] = 0
+        waiting = [r for inst in sim.instances for r in inst.waiting if np.isnan(sim.rs.first_scheduled[r])]
+        np.add.at(self.pending, self.level[np.asarray(waiting, dtype=np.int64)], 1)
+        if self.mapper is not None and self.tracked:
+            self._observe_completions()
+
+    def _observe_completions(self) -> None:
+        rs, w = self.sim.rs, self.sim.w
+        tr = np.asarray(self.tracked, dtype=np.int64)
+        done = rs.status[tr] == Status.DONE
+        for r in tr[done].tolist():
+            if rs.outcome[r] in (Outcome.FINISHED, Outcome.BEST_EFFORT):
+                n = int(rs.generated[r])
+                tpot = (rs.last_token[r] - rs.first_token[r]) / (n - 1) if n > 1 else math.nan
+                self.mapper.observe(int(self.level[r]), float(rs.first_token[r] - w.arrival[r]), float(tpot),
+                                    float(rs.first_scheduled[r] - w.arrival[r]))
+        self.tracked = tr[~done].tolist()
+
+    def assign_slo(self, r: int) -> None:
+        """§5.2: the mapped targets of an arriving request (pending more important requests make the bounds
+        strict)."""
+        p = int(self.level[r])
+        self.ttft[r], self.tpot[r] = self.mapper.map(p, bool(self.pending[:p].any()))
+        self.mapped[r] = True
+        self.tracked.append(r)
+
+    def ensure_timer(self, inst: Instance) -> None:
+        """Wake ``inst`` at its maturity time (an idle worker with a queue waits for it)."""
+        t = float(self.maturity[inst.id])
+        if self.timer_at[inst.id] != t:
+            self.timer_at[inst.id] = t
+            self.sim.add_timer(t, _wake)
+
+
+def _wake(sim: "Simulator", t: float) -> None:
+    """Timer callback: nothing to change; the simulator offers idle instances work after every timer."""
+
+
+# ============================================================================ the dispatcher (Router)
+def _serves_prefill(inst: Instance) -> bool:
+    return inst.role != Role.DECODE and getattr(inst, "accepting", True)
+
+
+class HyperFlexisDispatcher(Router):
+    """§5.1 dispatcher at arrival: bind the request to the earliest-maturing worker of the maturity queue, or
+    reject it when its TTFT probability there is below ``admit_threshold`` (module doc, "Deviation")."""
+
+    def __init__(self, state: DispatcherState) -> None:
+        self.state = state
+
+    def route(self, req: int, sim: "Simulator", now: float) -> int:
+        st = self.state
+        st.monitor(now)
+        if st.mapper is not None and not st.mapped[req]:
+            st.assign_slo(req)
+        insts = sim.instances
+        w = st.workers.earliest(lambda i: i < len(insts) and _serves_prefill(insts[i]))
+        if w is None:
+            raise RuntimeError(f"request {req}: no worker accepts prefills at t={now}")
+        inst = insts[w]
+        if st.probability(req, inst, st.workers.key[w], now) < st.admit_threshold:
+            return REJECT if st.reject == "reject" else BEST_EFFORT
+        st.pending[st.level[req]] += 1
+        # shadow state: the bound request's tokens count toward this worker's next batches
+        rs = sim.rs
+        st.workers.update(w, st.shadow_maturity(inst, now, float(rs.num_tokens[req] - rs.num_computed[req])))
+        return w
+
+    def best_effort_instance(self, req: int, sim: "Simulator", now: float) -> int:
+        insts = sim.instances
+        ok = [i for i in range(len(insts)) if _serves_prefill(insts[i])]
+        return min(ok, key=lambda i: (insts[i].n_resident, i))
+
+
+# ============================================================================ the worker (Scheduler)
+class HyperFlexisScheduler(Scheduler):
+    """A worker under the dispatcher (§5.1): at its maturity time it dispatches the next prefill batch from its
+    queue (Eq. 5 budget, SLO order, TTFT-probability admission), otherwise it decodes every running request.
+
+    Prefill batches are whole prompts, not mixed with decodes (vLLM-Ascend's static prefill, §5.1 "a prefill step in
+    static batching is non-interruptible"). KV shortage preempts (recompute) the lowest-priority running request.
+    """
+
+    steady_through_finish = True
+
+    def __init__(self, state: DispatcherState, max_num_seqs: int = 256) -> None:
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs={max_num_seqs}; must be >= 1")
+        self.state = state
+        self.max_num_seqs = max_num_seqs
+
+    def reset(self, sim: "Simulator") -> None:
+        self.state.reset(sim)
+
+    def next_batch(self, inst: Instance, now: float) -> Batch | None:
+        dec, pre = split_running(inst)
+        if not (dec.size or pre.size or inst.waiting):
+            return None
+        st = self.state
+        st.monitor(now)
+        if (inst.waiting or pre.size) and now >= st.maturity[inst.id]:
+            batch = self._dispatch(inst, dec, pre, now)
+            if batch is not None:
+                return batch
+        if inst.waiting and st.maturity[inst.id] > now:
+            st.ensure_timer(inst)
+        key = st.sort_key
+        if not dec.size:
+            return unstick(inst, key)
+        keep, victims, _ = make_room_for_decodes(inst, dec, key)
+        return batch_of(keep, np.ones(keep.size, np.int64), victims, steady=not victims)
+
+    def _dispatch(self, inst: Instance, dec: np.ndarray, pre: np.ndarray, now: float) -> Batch | None:
+        """Algorithm 1 steps 2-5 on this worker; None when nothing can be dispatched now."""
+        st, rs = self.state, inst.sim.rs
+        budget, tpot, d = st.outlook(inst, dec)
+        free = inst.free_blocks
+        slots = self.max_num_seqs - dec.size
+        reqs: list[int] = []
+        toks: list[int] = []
+        demote: list[int] = []
+        used = 0
+        for r in pre.tolist() + sorted(inst.waiting, key=st.sort_key):
+            if len(reqs) >= slots:
+                break
+            if not rs.be[r] and st.probability(r, inst, now, now, used) < st.admit_threshold:
+                demote.append(r)   # step 4: not admitted; it keeps a best-effort place in the queue
+                continue
+            l = int(rs.num_tokens[r] - rs.num_computed[r])
+            blocks = inst.blocks_for_tokens(int(rs.num_computed[r]) + l) - int(rs.kv_blocks[r])
+            if blocks > free or (used + l > budget and (reqs or dec.size)):
+                continue           # step 3: another request may still fit (a prompt above the budget runs
+                                   # alone, on a worker without decodes, so that it is not starved)
+            reqs.append(r)
+            toks.append(l)
+            used += l
+            free -= blocks
+        if not reqs:
+            return Batch(demote=tuple(demote)) if demote else None
+        tokens = np.asarray(toks, dtype=np.int64)
+        t_p = st.model(inst).prefill_time(float(tokens.sum()), float((tokens * tokens).sum()))
+        st.maturity[inst.id] = now + maturity_interval(t_p, tpot, d)
+        done = [r for r in reqs if np.isnan(rs.first_scheduled[r])]
+        np.subtract.at(st.pending, st.level[np.asarray(done, dtype=np.int64)], 1)
+        np.maximum(st.pending, 0, out=st.pending)
+        batch = batch_of(reqs, toks)
+        batch.demote = tuple(demote)
+        st.workers.update(inst.id, st.shadow_maturity(inst, now, -float(tokens.sum())))
+        return batch
+
+
+# ============================================================================ policies
+def _policy(name: str, slo_mapping: bool = False) -> Callable[..., Policy]:
+    def make(engine: Any = None, **params: Any) -> Policy:
+        sched_kw = {"max_num_seqs": int(engine.max_num_seqs)} if engine is not None else {}
+        if "max_num_seqs" in params:
+            sched_kw["max_num_seqs"] = params.pop("max_num_seqs")
+        state_kw = {"admit_threshold": 0.3, "cv": 0.25, "monitor_interval": 1.0, "slo_mapping": slo_mapping,
+                    "spread": 0.5, "window": 256, "offset_quantile": 0.5, "reject": "reject"}
+        unknown = set(params) - set(state_kw)
+        if unknown:
+            raise TypeError(f"{name}: unknown parameters {sorted(unknown)}; known: "
+                            f"{sorted(state_kw) + ['max_num_seqs']}")
+        state_kw |= params
+        state = DispatcherState(**state_kw)
+        sched = HyperFlexisScheduler(state, **sched_kw)
+        return Policy(name=name, scheduler=sched, router=HyperFlexisDispatcher(state),
+                      params={"scheduler": "HyperFlexisScheduler", "router": "HyperFlexisDispatcher",
+                              "max_num_seqs": sched.max_num_seqs} | state_kw)
+
+    make.__doc__ = f"Build the {name!r} policy: ``f(engine, **params)`` (admit_threshold, cv, ...)."
+    return make
+
+
+POLICIES: dict[str, Callable[..., Policy]] = {
+    "hyperflexis": _policy("hyperflexis"),
+    "hyperflexis-pm": _policy("hyperflexis-pm", slo_mapping=True),
+}
