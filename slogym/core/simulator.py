@@ -58,7 +58,12 @@ class Simulator:
     sg_weights    Tempo service-gain weights (w_i, w_o), Eq. 1; ``sg_alpha`` the divisive-decay exponent
     spec_acceptance  per-token acceptance probability of speculative drafts (SLOs-Serve App. D)
     fast_forward  allow the vectorized decode fast-forward (results are identical either way)
+
+    Backend hooks: a live-engine subclass sets ``live = True`` and overrides :meth:`iteration_time`; it may
+    also override :meth:`on_kv_freed` and :meth:`on_request_placed` to mirror KV residency.
     """
+
+    live: bool = False  # True in subclasses whose iteration_time runs a real engine (no fast-forward)
 
     def __init__(
         self,
@@ -91,7 +96,8 @@ class Simulator:
         self.sg_weights = (float(sg_weights[0]), float(sg_weights[1]))
         self.sg_alpha = float(sg_alpha)
         self.spec_acceptance = spec_acceptance
-        self.fast_forward = fast_forward
+        # a backend timing iterations itself cannot be fast-forwarded through the vectorized perf model
+        self.fast_forward = fast_forward and not self.live and type(self).iteration_time is Simulator.iteration_time
         self.validate = validate
         self.progress = progress
         engines = list(engine) if isinstance(engine, (list, tuple)) else [engine] * n_instances
@@ -132,6 +138,20 @@ class Simulator:
 
     def log_event(self, t: float, kind: str, req: int, inst: int, detail: int = 0) -> None:
         self.events.append((t, kind, req, inst, detail))
+
+    # ================================================================== backend hooks (live engines override)
+    def iteration_time(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, spec: np.ndarray | None,
+                       features: BatchFeatures) -> float:
+        """Seconds of the iteration about to launch on ``inst``: batch members ``idx`` computing ``tok`` tokens
+        each (plus ``spec`` drafts, or None), with integer ``features``. Default: the engine's perf model.
+        A live backend overrides it to run the batch on a real engine (fast-forward is then disabled)."""
+        return inst.time_one(features)
+
+    def on_kv_freed(self, r: int, inst: Instance) -> None:
+        """Request ``r``'s KV was dropped from ``inst`` (finish, preemption, drop, transfer-out). No-op here."""
+
+    def on_request_placed(self, r: int, inst: Instance) -> None:
+        """Request ``r`` joined ``inst``'s waiting list (routing, tool return, preemption, KV arrival). No-op."""
 
     # ================================================================== state
     def _reset_state(self) -> None:
@@ -261,6 +281,7 @@ class Simulator:
         rs.slot[r] = inst.id
         rs.status[r] = Status.WAITING
         inst.waiting.append(r)
+        self.on_request_placed(r, inst)
         if not inst.busy:
             yield from self._schedule(inst, t)
 
@@ -313,7 +334,7 @@ class Simulator:
                     if self._ff_fit_kv(inst, idx, tok, nc, 1) < 1:
                         continue  # the next step needs KV that is not free: the scheduler decides
             f, need, total = self._prepare_iteration(inst, idx, tok, nc, rem, rows[:, I_KV], spec)
-            dt = (yield ("time", inst, f)) if self.defer_timing else inst.time_one(f)
+            dt = (yield ("time", inst, f)) if self.defer_timing else self.iteration_time(inst, idx, tok, spec, f)
             self._launch(inst, idx, tok, spec, need, total, float(dt), f, t)
             return
 
@@ -775,6 +796,7 @@ class Simulator:
         rs.status[r] = Status.WAITING
         rs.slot[r] = inst.id
         inst.waiting.append(r)
+        self.on_request_placed(r, inst)
         if not inst.busy:
             yield from self._schedule(inst, t)
 
@@ -796,6 +818,7 @@ class Simulator:
             inst.running_changed()
         elif st == Status.WAITING:
             inst.waiting.remove(r)
+        self.on_kv_freed(r, inst)
 
     def _preempt(self, inst: Instance, r: int, t: float) -> None:
         rs = self.rs
@@ -809,6 +832,7 @@ class Simulator:
         rs.status[r] = Status.WAITING
         rs.slot[r] = inst.id
         inst.waiting.insert(0, r)
+        self.on_request_placed(r, inst)
 
     def _drop(self, r: int, reason: str, t: float) -> _Gen:
         self.dropped_reasons[reason] = self.dropped_reasons.get(reason, 0) + 1
