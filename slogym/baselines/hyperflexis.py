@@ -385,7 +385,8 @@ class DispatcherState:
 
     def monitor(self, now: float) -> None:
         """Periodic telemetry (§4): re-key every worker from its real state, recount pending requests per level,
-        and feed completed requests to the SLO mapper's windows."""
+        and feed completed requests to the SLO mapper's windows. Run from the dispatcher at arrivals at most every
+        ``monitor_interval`` seconds (arrival times are the same whether or not the simulator fast-forwards)."""
         if now < self.next_monitor:
             return
         self.next_monitor = now + self.monitor_interval
@@ -491,18 +492,21 @@ class HyperFlexisScheduler(Scheduler):
         if not (dec.size or pre.size or inst.waiting):
             return None
         st = self.state
-        st.monitor(now)
-        if (inst.waiting or pre.size) and now >= st.maturity[inst.id]:
+        mature = now >= st.maturity[inst.id]
+        if (inst.waiting or pre.size) and mature:
             batch = self._dispatch(inst, dec, pre, now)
             if batch is not None:
                 return batch
-        if inst.waiting and st.maturity[inst.id] > now:
+        if inst.waiting and not mature:
             st.ensure_timer(inst)
         key = st.sort_key
         if not dec.size:
             return unstick(inst, key)
         keep, victims, _ = make_room_for_decodes(inst, dec, key)
-        return batch_of(keep, np.ones(keep.size, np.int64), victims, steady=not victims)
+        # steady only while the queue (if any) waits for the maturity timer: a mature worker whose queue did not
+        # fit re-checks every iteration (its decode cost and the queue's TTFT probabilities move each step)
+        return batch_of(keep, np.ones(keep.size, np.int64), victims,
+                        steady=not victims and not (inst.waiting and mature))
 
     def _dispatch(self, inst: Instance, dec: np.ndarray, pre: np.ndarray, now: float) -> Batch | None:
         """Algorithm 1 steps 2-5 on this worker; None when nothing can be dispatched now."""
