@@ -1,0 +1,542 @@
+"""``slogym/Scaling-v0``: how many instances each pool runs, decided every ``control_interval`` seconds.
+
+The cluster is split into *pools* (``pools="single"``: one colocated pool; ``pools="tiers"``: one pool per SLO
+tier, each request served by its tier's pool -- PolyServe's per-tier layout). Every ``control_interval``
+simulated seconds the agent picks a delta per pool; the router and scheduler of the episode are fixed.
+
+Action ``MultiDiscrete([2k + 1] * n_pools)`` (``k = max_delta``): entry ``a`` asks for ``a - k`` instances
+in that pool. Positive deltas start instances (``add_instance`` with a cold start of ``cold_start``: a
+HyperFlexis Table 2 method, ``"disk"`` by default, or seconds); negative deltas first cancel instances still
+starting (newest first), then drain the active ones with the least outstanding work (``drain_instance``: they
+take no new requests, finish what they hold, then stop). The pool size (active + starting) is clipped to
+``[min_instances, max_instances]``; ``action_masks()`` marks the deltas that the clip leaves unchanged.
+Every pool always keeps an active instance (``min_instances >= 1`` and starting instances are cancelled
+before active ones are drained).
+
+Observation (``Dict``; every entry ``float32``, clipped to [-10, 10]):
+
+=============  ==================  ================================================================================
+key            shape               features
+=============  ==================  ================================================================================
+``pools``      (n_pools, 8)        per pool: active / max_instances, starting / max_instances, draining /
+                                   max_instances, utilization (busy seconds of its instances over the last
+                                   interval / (interval x active)), waiting prefill tokens / (8192 x active),
+                                   waiting requests / (64 x active), running / (max_num_seqs x active), mean KV
+                                   utilization of its active instances
+``arrivals``   (n_tiers, 3)        per SLO tier: arrival rate over the last interval, and its EWMAs with weights
+                                   0.5 and 0.1 per interval, each divided by the tier's mean rate in the pool
+``recent``     (2,)                EWMA (0.95) of recent SLO outcomes, fraction of the episode's requests done
+=============  ==================  ================================================================================
+
+Reward (credited when known, as in every slogym env): the base reward (``goodput``: +1 per request finishing
+within its SLO, ...) of the requests reaching an outcome during the step, minus ``lam`` x the instance-seconds
+the cluster accrued during the step (STARTING and DRAINING time included). The episode return is therefore
+``goodput_requests - lam * cost_instance_seconds`` of the run's summary. A scale-up pays its cost from the
+moment it is asked for and its goodput only when the requests it serves finish, one or more steps later.
+
+Baselines expressible (``expert_action(name)``): ``static`` (all zeros: the cluster ``n_instances`` per pool
+never changes), ``threshold`` (:class:`ThresholdScaler`, a reference threshold scaler after HyperFlexis §6),
+or the ``policy``'s own scaler when it exposes ``deltas(sim, now)`` (PolyServe's tier autoscaling with
+``pools="tiers"``, HyperFlexis' scaler, once those baselines land).
+
+Deviation: the episode's requests are routed by :class:`PoolRouter` (least outstanding tokens among the
+accepting instances of the request's pool), not by the ``policy``'s router: baseline routers are not
+pool-aware. The ``policy`` supplies the scheduler of every instance.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Generator
+from functools import partial
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from slogym.baselines import make_policy
+from slogym.baselines.routers import outstanding_tokens
+from slogym.core.instance import Instance, InstanceState, Role
+from slogym.core.policy import Policy, Router, Scaler
+from slogym.core.simulator import Simulator
+from slogym.envs.base import CLIP, ServingEnv, _box
+
+POOLINGS = ("single", "tiers")
+POOL_FEATURES = ("active", "starting", "draining", "utilization", "queue_tokens", "waiting", "running",
+                 "kv_utilization")
+ARRIVAL_EWMA = (1.0, 0.5, 0.1)
+"""Weights of the per-interval arrival-rate EWMAs (1.0 = the last interval alone)."""
+
+#: HyperFlexis Table 2 (Qwen 7B, seconds): scaling time per weight-provisioning method; scaled by model size.
+_COLD_7B = {"d2d": 0.89, "cpu_offload": 2.73, "disk": 4.14}
+
+
+# ================================================================================ cluster lifecycle access
+def _model_params_b(engine: Any) -> float:
+    """Model size in billions of parameters from the preset's model name (``llama3-8b`` -> 8)."""
+    m = re.search(r"(\d+(?:\.\d+)?)b\b", str(engine.model).lower())
+    if m is None:
+        raise ValueError(f"cannot read a model size from engine model {engine.model!r}; give cold_start in seconds")
+    return float(m.group(1))
+
+
+def cold_start_of(engine: Any, cold_start: float | str) -> float:
+    """Seconds an instance of ``engine`` takes to start: ``cold_start`` seconds, or a HyperFlexis Table 2
+    method (``disk``, ``cpu_offload``, ``d2d``) through ``slogym.core.cluster.cold_start_seconds`` when present,
+    else the Qwen-7B figure scaled linearly by model size (Deviation: linear scaling is an assumption)."""
+    if not isinstance(cold_start, str):
+        s = float(cold_start)
+        if not (s >= 0 and np.isfinite(s)):
+            raise ValueError(f"cold_start={cold_start!r}; must be >= 0 seconds or one of {sorted(_COLD_7B)}")
+        return s
+    if cold_start not in _COLD_7B:
+        raise ValueError(f"cold_start={cold_start!r}; known methods: {sorted(_COLD_7B)}")
+    try:
+        from slogym.core.cluster import cold_start_seconds  # type: ignore[import-not-found]
+    except ImportError:
+        return _COLD_7B[cold_start] * _model_params_b(engine) / 7.0
+    return float(cold_start_seconds(_model_params_b(engine), cold_start))
+
+
+class _Lifecycle:
+    """Prototype of the cluster lifecycle contract (/work/coord/CLUSTER_API.md), mixed into the simulator only
+    while ``Simulator.add_instance`` does not exist. Deviation: a draining instance emptied inside a decode
+    fast-forward stops at the next scaler tick (cost over-counted by less than one interval)."""
+
+    def add_instance(self, engine: Any = None, role: Role = Role.COLOCATED, cold_start: float | str = 0.0,
+                     pool: int = 0) -> int:
+        eng = self.engines[0] if engine is None else engine
+        inst = Instance(len(self.instances), eng, self, role)
+        inst.state = InstanceState.STARTING
+        inst.pool, inst.started_at = pool, self.now
+        inst.ready_at = self.now + cold_start_of(eng, cold_start)
+        self.instances.append(inst)
+        self.engines.append(eng)
+        self.add_timer(inst.ready_at, partial(_activate, inst.id))
+        return inst.id
+
+    def drain_instance(self, i: int) -> None:
+        inst = self.instances[i]
+        if inst.state in (InstanceState.DRAINING, InstanceState.STOPPED):
+            raise ValueError(f"instance {i} is {inst.state.name}; cannot drain it")
+        inst.state = InstanceState.DRAINING
+        self._stop_if_drained(inst, self.now)
+
+    def set_pool(self, i: int, pool: int) -> None:
+        self.instances[i].pool = pool
+
+    def accepting_instances(self, role: Role | None = None, pool: int | None = None) -> list[int]:
+        return [i.id for i in self.instances if i.state == InstanceState.ACTIVE
+                and (role is None or i.role == role) and (pool is None or getattr(i, "pool", 0) == pool)]
+
+    def _stop_if_drained(self, inst: Instance, t: float) -> None:
+        if inst.state == InstanceState.DRAINING and not inst.n_resident and not inst.busy:
+            inst.state = InstanceState.STOPPED
+            inst.stopped_at = t
+
+    def _on_iteration_done(self, inst: Instance, t: float) -> Generator:
+        yield from super()._on_iteration_done(inst, t)
+        self._stop_if_drained(inst, t)
+
+    def _scaler_tick(self, sim: Simulator, t: float) -> Generator:
+        for inst in self.instances:
+            self._stop_if_drained(inst, t)
+        yield from super()._scaler_tick(sim, t)
+
+
+def _activate(i: int, sim: Simulator, t: float) -> None:
+    inst = sim.instances[i]
+    if inst.state == InstanceState.STARTING:  # a start cancelled by a drain stays stopped
+        inst.state = InstanceState.ACTIVE
+
+
+class _GeneratorTicks:
+    """Prototype of the "Scaling-v0 needs" change (CLUSTER_API.md): a Scaler whose ``decide`` is a generator
+    yields its decision through :meth:`Simulator.decisions`. Mixed in only while the core lacks it. The loop is
+    the core's ``_loop`` with that one change (a temporary copy; deleted when the core change lands)."""
+
+    def _scaler_tick(self, sim: Simulator, t: float) -> Generator:
+        scaler = self.policy.scaler
+        out = scaler.decide(self, t)
+        if out is not None:
+            yield from out
+        if self._na < len(self.w) or self._iter:
+            self.add_timer(t + scaler.interval, self._scaler_tick)
+
+    def _loop(self) -> Generator:
+        import heapq
+
+        from slogym.core.simulator import _EXT_DONE, _RELEASE, INF
+        arrival, n = self.w.arrival, len(self.w)
+        it, gl = self._iter, self._glob
+        while True:
+            ta = arrival[self._na] if self._na < n else INF
+            ti = it[0][0] if it else INF
+            tg = gl[0][0] if gl else INF
+            if ti <= tg and ti <= ta and ti < INF:
+                t, _, i = heapq.heappop(it)
+                self.now = t
+                yield from self._on_iteration_done(self.instances[i], t)
+            elif tg <= ta and tg < INF:
+                t, _, kind, payload = heapq.heappop(gl)
+                self.now = t
+                if kind == _EXT_DONE:
+                    yield from self._on_external_done(payload, t)
+                elif kind == _RELEASE:
+                    yield from self._begin(payload, t)
+                else:
+                    out = payload(self, t)
+                    if out is not None:
+                        yield from out
+                    for inst in self.instances:
+                        if not inst.busy and inst.n_resident:
+                            yield from self._schedule(inst, t)
+            elif ta < INF:
+                r = self._na
+                self._na += 1
+                self.now = ta
+                yield from self._on_arrival(r, ta)
+            else:
+                break
+
+
+_MIXINS = tuple(m for m, native in ((_Lifecycle, hasattr(Simulator, "add_instance")),
+                                    (_GeneratorTicks, inspect.isgeneratorfunction(Simulator._scaler_tick)))
+                if not native)
+_PROTOTYPES: dict[type, type] = {}
+
+
+def ensure_cluster_api(sim: Simulator) -> None:
+    """Give ``sim`` the lifecycle API and generator scaler ticks (a prototype subclass while the core lacks
+    them; a no-op once it has both). Called from the scaler's ``reset``, before the event loop starts."""
+    if not _MIXINS or any(isinstance(sim, m) for m in _MIXINS):
+        return
+    cls = type(sim)
+    if cls not in _PROTOTYPES:
+        _PROTOTYPES[cls] = type(f"Scaling{cls.__name__}", (*_MIXINS, cls), {})
+    sim.__class__ = _PROTOTYPES[cls]
+
+
+def cluster_cost(sim: Simulator, t: float) -> float:
+    """Instance-seconds accrued up to ``t`` (STARTING and DRAINING included), as the summary's cost."""
+    return float(sum(min(t if i.stopped_at is None else i.stopped_at, t) - i.started_at
+                     for i in sim.instances if i.started_at <= t))
+
+
+# ================================================================================ pools
+class PoolLayout:
+    """Which pool serves which request, and the per-pool bounds and cold start of a Scaling-v0 cluster."""
+
+    def __init__(self, pooling: str, n_tiers: int, n_per_pool: int, min_instances: int, max_instances: int,
+                 cold_start: float | str) -> None:
+        if pooling not in POOLINGS:
+            raise ValueError(f"unknown pools={pooling!r}; known: {', '.join(POOLINGS)}")
+        if not 1 <= min_instances <= n_per_pool <= max_instances:
+            raise ValueError(f"need 1 <= min_instances ({min_instances}) <= n_instances ({n_per_pool}) <= "
+                             f"max_instances ({max_instances})")
+        self.pooling, self.n_tiers = pooling, n_tiers
+        self.n_pools = n_tiers if pooling == "tiers" else 1
+        self.n_per_pool, self.min, self.max = n_per_pool, min_instances, max_instances
+        self.cold_start = cold_start
+
+    def pool_of(self, sim: Simulator, r: int) -> int:
+        return int(sim.w.tier[r]) if self.pooling == "tiers" else 0
+
+    def setup(self, sim: Simulator) -> None:
+        """Give ``sim`` the cluster API and ``n_per_pool`` active instances in every pool (its first ones are
+        relabelled, missing ones added without cold start)."""
+        ensure_cluster_api(sim)
+        for p in range(self.n_pools):
+            for k in range(self.n_per_pool):
+                i = p * self.n_per_pool + k
+                if i < len(sim.instances):
+                    sim.set_pool(i, p)
+                else:
+                    sim.add_instance(pool=p)
+        if len(sim.instances) > self.n_pools * self.n_per_pool:
+            raise ValueError(f"simulator has {len(sim.instances)} instances; the layout wants "
+                             f"{self.n_pools} pools x {self.n_per_pool}")
+
+    def members(self, sim: Simulator, pool: int) -> list[Instance]:
+        return [i for i in sim.instances if i.pool == pool and i.state != InstanceState.STOPPED]
+
+    def apply(self, sim: Simulator, deltas: np.ndarray) -> None:
+        """Change each pool's size by its delta (clipped to the bounds): cancel starting instances (newest
+        first), then drain the active ones with the least outstanding tokens; or start new ones."""
+        load = outstanding_tokens(sim)
+        for p, d in enumerate(np.asarray(deltas, dtype=np.int64).tolist()):
+            live = [i for i in self.members(sim, p) if i.state != InstanceState.DRAINING]
+            d = int(np.clip(len(live) + d, self.min, self.max)) - len(live)
+            for _ in range(d):
+                sim.add_instance(engine=sim.engines[0], cold_start=self.cold_start, pool=p)
+            if d < 0:
+                starting = [i for i in live if i.state == InstanceState.STARTING][::-1]
+                active = sorted((i for i in live if i.state == InstanceState.ACTIVE), key=lambda i: load[i.id])
+                for inst in (starting + active)[:-d]:
+                    sim.drain_instance(inst.id)
+
+
+class PoolMonitor:
+    """Per-pool load features (``POOL_FEATURES``) over the interval since the previous ``sample``."""
+
+    def __init__(self, layout: PoolLayout) -> None:
+        self.layout = layout
+        self._busy: dict[int, float] = {}
+        self._t = 0.0
+
+    def sample(self, sim: Simulator, now: float) -> np.ndarray:
+        lay, rs = self.layout, sim.rs
+        out = np.zeros((lay.n_pools, len(POOL_FEATURES)), np.float32)
+        dt = max(now - self._t, 1e-9)
+        for p in range(lay.n_pools):
+            members = lay.members(sim, p)
+            active = [i for i in members if i.state == InstanceState.ACTIVE]
+            n = max(len(active), 1)
+            busy = sum(i.busy_time - self._busy.get(i.id, 0.0) for i in active)
+            wait = [r for i in members for r in i.waiting]
+            queued = float((rs.num_tokens[wait] - rs.num_computed[wait]).sum()) if wait else 0.0
+            out[p] = (len(active) / lay.max,
+                      sum(i.state == InstanceState.STARTING for i in members) / lay.max,
+                      sum(i.state == InstanceState.DRAINING for i in members) / lay.max,
+                      busy / (dt * n), queued / (8192.0 * n), len(wait) / (64.0 * n),
+                      sum(len(i.running) for i in members) / (sim.engines[0].max_num_seqs * n),
+                      float(np.mean([i.kv_utilization for i in active])) if active else 0.0)
+        self._busy = {i.id: i.busy_time for i in sim.instances}
+        self._t = now
+        return np.clip(out, -CLIP, CLIP)
+
+
+class PoolRouter(Router):
+    """The accepting instance of the request's pool with the fewest outstanding tokens (KV in use plus
+    prompt tokens still waiting; the least-load router's measure), lowest index on ties."""
+
+    def __init__(self, layout: PoolLayout) -> None:
+        self.layout = layout
+
+    def route(self, req: int, sim: Simulator, now: float) -> int:
+        ok = sim.accepting_instances(pool=self.layout.pool_of(sim, req))
+        load = outstanding_tokens(sim)
+        return min(ok, key=lambda i: (load[i], i))
+
+    def best_effort_instance(self, req: int, sim: Simulator, now: float) -> int:
+        return self.route(req, sim, now)
+
+
+# ================================================================================ scalers
+class ThresholdScaler(Scaler):
+    """Reference threshold scaler after HyperFlexis §6 (Algorithm 3's shape; its thresholds lost their symbols
+    in the text, the values here are ours): every ``interval`` s, per pool, if utilization > ``up_util`` or the
+    waiting prompt tokens per active instance exceed ``up_queue`` (a proxy for wait time relative to the TTFT
+    SLO), add one instance (two when the queue is over 4x the threshold); if utilization < ``down_util`` with
+    an empty queue for ``patience`` consecutive intervals, drain one.
+    Deviation: no input-rate vs processing-rate test and no P/D role switching (colocated pools only)."""
+
+    def __init__(self, layout: PoolLayout, interval: float = 5.0, up_util: float = 0.85, down_util: float = 0.35,
+                 up_queue: float = 2048.0, patience: int = 3) -> None:
+        self.layout, self.interval = layout, float(interval)
+        self.up_util, self.down_util, self.up_queue, self.patience = up_util, down_util, up_queue, patience
+
+    def reset(self, sim: Simulator) -> None:
+        self.layout.setup(sim)
+        self.start()
+
+    def start(self) -> None:
+        """Fresh measurement state (the env calls this when it uses the scaler as an expert)."""
+        self.monitor = PoolMonitor(self.layout)
+        self._calm = np.zeros(self.layout.n_pools, np.int64)
+
+    def deltas(self, sim: Simulator, now: float) -> np.ndarray:
+        f = self.monitor.sample(sim, now)
+        util, queue = f[:, POOL_FEATURES.index("utilization")], f[:, POOL_FEATURES.index("queue_tokens")] * 8192
+        up = (util > self.up_util) | (queue > self.up_queue)
+        calm = (util < self.down_util) & (queue == 0)
+        self._calm = np.where(calm, self._calm + 1, 0)
+        down = self._calm >= self.patience
+        self._calm[down] = 0
+        return np.where(up, np.where(queue > 4 * self.up_queue, 2, 1), np.where(down, -1, 0)).astype(np.int64)
+
+    def decide(self, sim: Simulator, now: float) -> None:
+        self.layout.apply(sim, self.deltas(sim, now))
+
+
+class StaticScaler(Scaler):
+    """Keeps ``n_instances`` per pool for the whole run (the static-provisioning baseline)."""
+
+    def __init__(self, layout: PoolLayout, interval: float = 5.0) -> None:
+        self.layout, self.interval = layout, float(interval)
+
+    def reset(self, sim: Simulator) -> None:
+        self.layout.setup(sim)
+
+    def deltas(self, sim: Simulator, now: float) -> np.ndarray:
+        return np.zeros(self.layout.n_pools, np.int64)
+
+    def decide(self, sim: Simulator, now: float) -> None:
+        """Nothing to change."""
+
+
+class _AgentScaler(Scaler):
+    """Inside the env: hands each tick's decision to the agent (``("scale", None, now)``), which applies it."""
+
+    def __init__(self, layout: PoolLayout, interval: float) -> None:
+        self.layout, self.interval = layout, interval
+
+    def reset(self, sim: Simulator) -> None:
+        self.layout.setup(sim)
+
+    def decide(self, sim: Simulator, now: float) -> Generator[tuple, Any, None]:
+        yield ("scale", None, now)
+
+
+class EnvScaler(Scaler):
+    """A trained agent as a Scaler: each tick, ``act`` on the attached env's observation picks the deltas."""
+
+    def __init__(self, env: "ScalingEnv", act: Callable[[Any], Any]) -> None:
+        self.env, self.act = env, act
+        self.interval = env.control_interval
+
+    def reset(self, sim: Simulator) -> None:
+        self.env.layout.setup(sim)
+        self.env.attach(sim)
+
+    def decide(self, sim: Simulator, now: float) -> None:
+        self.env._to_sim_action(self.act(self.env.observe(("scale", None, now))))
+
+
+# ================================================================================ the environment
+class ScalingEnv(ServingEnv):
+    """``slogym/Scaling-v0`` (see the module docstring).
+
+    Keyword arguments beyond the common ones (``n_instances`` is the initial size of every pool):
+        pools             ``single`` | ``tiers``
+        control_interval  seconds between decisions (> 0)
+        max_delta         k: deltas in -k..k per pool
+        min_instances, max_instances   bounds of every pool's size (active + starting)
+        cold_start        seconds, or a HyperFlexis Table 2 method (``disk``, ``cpu_offload``, ``d2d``)
+        lam               reward cost per instance-second (in units of the base reward)
+    """
+
+    decision = "scale"
+
+    def __init__(self, pools: str = "single", control_interval: float = 5.0, max_delta: int = 2,
+                 min_instances: int = 1, max_instances: int = 8, cold_start: float | str = "disk",
+                 lam: float = 0.1, n_instances: int = 2, episode: int | float = 300.0,
+                 pool_requests: int | None = 20000, **kw: Any) -> None:
+        if not (control_interval > 0 and np.isfinite(control_interval)):
+            raise ValueError(f"control_interval={control_interval!r}; must be > 0 seconds")
+        if int(max_delta) < 1:
+            raise ValueError(f"max_delta={max_delta!r}; must be >= 1")
+        if not (lam >= 0 and np.isfinite(lam)):
+            raise ValueError(f"lam={lam!r}; must be >= 0")
+        super().__init__(n_instances=n_instances, episode=episode, pool_requests=pool_requests, **kw)
+        self.control_interval, self.max_delta, self.lam = float(control_interval), int(max_delta), float(lam)
+        self.layout = PoolLayout(pools, self.n_tiers, n_instances, int(min_instances), int(max_instances),
+                                 cold_start)
+        cold_start_of(self.engine, cold_start)  # validate now, not at the first scale-up
+        n_pools = self.layout.n_pools
+        self.action_space = spaces.MultiDiscrete(np.full(n_pools, 2 * self.max_delta + 1))
+        self.observation_space = spaces.Dict({
+            "pools": _box(n_pools, len(POOL_FEATURES)), "arrivals": _box(self.n_tiers, len(ARRIVAL_EWMA)),
+            "recent": _box(2, low=0.0, high=1.0),
+        })
+        span = max(float(self.pool.arrival[-1] - self.pool.arrival[0]), 1e-9)
+        counts = np.bincount(self.pool.tier, minlength=self.n_tiers).astype(np.float64)
+        self._mean_rate = np.maximum(counts / span, 1e-9)
+        self._experts: dict[str, Scaler] = {}
+
+    # ------------------------------------------------------------------ hooks
+    def _configure(self, sim: Simulator) -> None:
+        sim.policy.router = PoolRouter(self.layout)
+        sim.policy.scaler = _AgentScaler(self.layout, self.control_interval)
+        threshold = ThresholdScaler(self.layout, self.control_interval)
+        threshold.start()
+        self._experts = {"static": StaticScaler(self.layout, self.control_interval), "threshold": threshold}
+        own = make_policy(self.policy_name, self.engine).scaler
+        if own is not None and hasattr(own, "deltas"):
+            own.reset(sim)
+            self._experts["policy"] = own
+        self._start_stats(sim)
+
+    def attach(self, sim: Simulator) -> None:
+        super().attach(sim)
+        self._start_stats(sim)
+
+    def _start_stats(self, sim: Simulator) -> None:
+        self._cost = 0.0
+        self._n_arrived = 0
+        self._rates = np.zeros((self.n_tiers, len(ARRIVAL_EWMA)))
+        self._t_obs = 0.0
+        self._monitor = PoolMonitor(self.layout)
+
+    def _credit(self) -> float:
+        gain = super()._credit()
+        sim = self.sim
+        cost = cluster_cost(sim, getattr(sim, "end_time", sim.now))
+        spent, self._cost = cost - self._cost, cost
+        return gain - self.lam * spent
+
+    def _observe(self) -> dict[str, np.ndarray]:
+        sim = self.sim
+        now = self._msg[2]
+        dt = max(now - self._t_obs, 1e-9)
+        new = sim.w.tier[self._n_arrived:sim._na]
+        rate = np.bincount(new, minlength=self.n_tiers) / dt / self._mean_rate
+        w = np.array(ARRIVAL_EWMA)
+        self._rates = (1.0 - w) * self._rates + w * rate[:, None]
+        self._n_arrived, self._t_obs = sim._na, now
+        return {"pools": self._monitor.sample(sim, now),
+                "arrivals": np.clip(self._rates, -CLIP, CLIP).astype(np.float32), "recent": self._recent()}
+
+    def _check(self, action: Any) -> np.ndarray:
+        a = np.asarray(action)
+        ok = a.shape == self.action_space.shape and np.isfinite(a).all() and (a == np.round(a)).all()
+        if not (ok and self.action_space.contains(a.astype(np.int64))):
+            raise ValueError(f"action {action!r} is not in {self.action_space}")
+        return a.astype(np.int64)
+
+    def _to_sim_action(self, action: Any) -> None:
+        self.layout.apply(self.sim, self._check(action) - self.max_delta)
+
+    # ------------------------------------------------------------------ masks and experts
+    def action_masks(self) -> np.ndarray:
+        """Per pool (concatenated), which deltas change the pool's size after clipping to the bounds (delta 0
+        always allowed); MaskablePPO's MultiDiscrete layout."""
+        lay, d = self.layout, np.arange(-self.max_delta, self.max_delta + 1)
+        return np.concatenate([(d == 0) | ((n + d >= lay.min) & (n + d <= lay.max)) for n in self._pool_sizes()])
+
+    def _pool_sizes(self) -> np.ndarray:
+        """Active + starting instances of every pool (what the bounds apply to)."""
+        live = (InstanceState.ACTIVE, InstanceState.STARTING)
+        return np.array([sum(i.state in live for i in self.layout.members(self.sim, p))
+                         for p in range(self.layout.n_pools)], np.int64)
+
+    def expert_action(self, name: str | None = None) -> np.ndarray:
+        """The action scaler ``name`` would take now: ``static``, ``threshold``, or ``policy`` (the ``policy``
+        baseline's scaler, when it exposes ``deltas(sim, now)``); default ``policy`` if available, else
+        ``static``. Call it once per step: scalers measure the interval since their previous call."""
+        name = name or ("policy" if "policy" in self._experts else "static")
+        if name not in self._experts:
+            raise ValueError(f"unknown expert {name!r}; known: {', '.join(self._experts)}")
+        d = np.asarray(self._experts[name].deltas(self.sim, self._msg[2]), np.int64)
+        n = self._pool_sizes()
+        d = np.clip(np.clip(d, self.layout.min - n, self.layout.max - n), -self.max_delta, self.max_delta)
+        return d + self.max_delta  # the same effect as the scaler's deltas, never masked
+
+    # ------------------------------------------------------------------ serving and baselines as Policies
+    def agent_policy(self, name: str, act: Callable[[Any], Any]) -> Policy:
+        """A Policy whose scaling decisions come from ``act`` (on this env's observations), with this env's
+        router and the ``policy`` baseline's scheduler."""
+        base = make_policy(self.policy_name, self.engine)
+        return Policy(name=name, scheduler=base.scheduler, router=PoolRouter(self.layout),
+                      scaler=EnvScaler(self, act), params={"agent": name, "decision": self.decision,
+                                                           "base_policy": self.policy_name})
+
+    def baseline_policy(self, name: str) -> Policy:
+        """``static`` or ``threshold`` as a Policy (this env's router, the ``policy``'s scheduler)."""
+        scalers = {"static": StaticScaler, "threshold": ThresholdScaler}
+        if name not in scalers:
+            raise ValueError(f"unknown scaling baseline {name!r}; known: {', '.join(scalers)}")
+        base = make_policy(self.policy_name, self.engine)
+        return Policy(name=name, scheduler=base.scheduler, router=PoolRouter(self.layout),
+                      scaler=scalers[name](self.layout, self.control_interval))

@@ -1,0 +1,156 @@
+"""slogym/Scaling-v0: checkers, seeding, reward = goodput - lam x cost, bounds, lifecycle, experts, serving."""
+
+from __future__ import annotations
+
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import slogym  # noqa: F401
+from slogym.agents import env_policy
+from slogym.agents.evaluation import run_window
+from slogym.core.instance import InstanceState
+from slogym.core.simulator import Simulator
+
+SMALL = dict(scenario="coder", rate_scale=4.0, episode=60.0, seed=0, pool_requests=3000, control_interval=5.0)
+TIERS = dict(scenario="polyserve-tiers", rate_scale=1.0, episode=30.0, seed=0, pool_requests=3000,
+             control_interval=2.0, pools="tiers", n_instances=1, max_instances=3)
+
+
+def play(env: gym.Env, pick) -> tuple[float, dict]:
+    total, done, info = 0.0, False, {}
+    while not done:
+        _, r, done, _, info = env.step(pick(env))
+        total += r
+    return total, info
+
+
+@pytest.mark.parametrize("kw", [SMALL, TIERS])
+def test_gymnasium_and_sb3_checkers(kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check_env(gym.make("slogym/Scaling-v0", **kw).unwrapped, skip_render_check=True)
+    sb3 = pytest.importorskip("stable_baselines3.common.env_checker", reason="stable-baselines3 not installed")
+    sb3.check_env(gym.wrappers.FlattenObservation(gym.make("slogym/Scaling-v0", **kw)))
+
+
+def test_spaces_follow_pools_and_tiers():
+    env = gym.make("slogym/Scaling-v0", **TIERS).unwrapped
+    n = env.n_tiers
+    assert n > 1
+    assert env.action_space == gym.spaces.MultiDiscrete([5] * n)
+    obs, _ = env.reset(seed=0)
+    assert obs["pools"].shape == (n, 8) and obs["arrivals"].shape == (n, 3)
+    # every pool starts with n_instances active instances and serves only its own tier
+    pools = [i.pool for i in env.sim.instances]
+    assert sorted(pools) == list(range(n))
+    done = False
+    while not done:
+        _, _, done, _, _ = env.step(env.action_space.sample())
+    rs, w = env.sim.rs, env.sim.w
+    served = rs.instance >= 0
+    inst_pool = np.array([i.pool for i in env.sim.instances])
+    assert np.array_equal(inst_pool[rs.instance[served]], w.tier[served])
+
+
+def test_episode_return_is_goodput_minus_lam_cost_after_the_first_decision():
+    lam = 0.3
+    env = gym.make("slogym/Scaling-v0", **SMALL, lam=lam).unwrapped
+    env.reset(seed=2)
+    met0, cost0 = env._n_met, env._cost
+    env.action_space.seed(0)
+    total, info = play(env, lambda e: e.action_space.sample())
+    s = info["summary"]
+    assert s["cost_instance_seconds"] > 0
+    expected = (info["slo_met"] - met0) - lam * (s["cost_instance_seconds"] - cost0)
+    assert total == pytest.approx(expected, rel=1e-9, abs=1e-6)
+
+
+def test_seeded_reset_gives_identical_episodes():
+    runs = []
+    for _ in range(2):
+        env = gym.make("slogym/Scaling-v0", **SMALL)
+        env.reset(seed=5)
+        env.action_space.seed(3)
+        total, info = play(env, lambda e: e.action_space.sample())
+        runs.append((total, info["summary"]["cost_instance_seconds"], info["summary"]["attainment"]))
+    assert runs[0] == runs[1]
+
+
+def test_bounds_clip_and_masks():
+    env = gym.make("slogym/Scaling-v0", **SMALL, n_instances=2, min_instances=1, max_instances=3).unwrapped
+    env.reset(seed=0)
+    # deltas -2..+2 -> with 2 instances in [1, 3]: -2 and +2 change nothing beyond the clip
+    assert env.action_masks().tolist() == [False, True, True, True, False]
+    env.step(np.array([4]))  # +2 clipped to +1
+    live = [i for i in env.sim.instances if i.state in (InstanceState.ACTIVE, InstanceState.STARTING)]
+    assert len(live) == 3
+    assert env.action_masks().tolist() == [True, True, True, False, False]
+    env.step(np.array([0]))  # -2 -> 1 instance left, always an active one
+    states = [i.state for i in env.sim.instances]
+    assert sum(s in (InstanceState.ACTIVE, InstanceState.STARTING) for s in states) == 1
+    assert InstanceState.ACTIVE in states
+
+
+def test_scale_up_pays_cold_start_and_drained_instances_stop():
+    env = gym.make("slogym/Scaling-v0", **SMALL, n_instances=1, cold_start=3.0).unwrapped
+    env.reset(seed=0)
+    now = env.sim.now
+    env.step(np.array([3]))  # +1
+    new = env.sim.instances[1]
+    assert new.started_at == now and new.ready_at == pytest.approx(now + 3.0)
+    assert new.state == InstanceState.ACTIVE  # the step lasted one interval (5 s) > cold start
+    env.step(np.array([1]))  # -1: the less loaded one drains, then stops
+    play(env, lambda e: np.array([2]))
+    stopped = [i for i in env.sim.instances if i.state == InstanceState.STOPPED]
+    assert len(stopped) == 1 and stopped[0].stopped_at is not None
+
+
+def test_static_expert_never_changes_the_cluster_and_threshold_scales():
+    env = gym.make("slogym/Scaling-v0", **SMALL, n_instances=2).unwrapped
+    env.reset(seed=1)
+    _, info = play(env, lambda e: e.expert_action("static"))
+    assert len(env.sim.instances) == 2
+    assert info["summary"]["cost_instance_seconds"] == pytest.approx(2 * info["summary"]["sim_seconds"])
+    env.reset(seed=1)
+    actions = []
+    play(env, lambda e: actions.append(e.expert_action("threshold")) or actions[-1])
+    assert len({int(a[0]) for a in actions}) > 1  # it moves both ways on bursty arrivals
+    with pytest.raises(ValueError, match="unknown expert"):
+        env.expert_action("oracle")
+
+
+def test_agent_policy_in_a_plain_simulator_earns_the_env_return():
+    """The agent served as a Policy (its observations built by attach/observe) gives the same run as stepping."""
+    kw = dict(SMALL, split="test")
+    env = gym.make("slogym/Scaling-v0", **kw).unwrapped
+    env.reset(seed=4)
+    act = lambda obs: np.array([3]) if obs["pools"][0, 4] > 0.1 else np.array([1])  # noqa: E731
+    _, info = play(env, lambda e: act(e._last_obs))
+    served = gym.make("slogym/Scaling-v0", **kw).unwrapped
+    sim = Simulator(env.sim.w, env.engine, env_policy("rule", served, act), env.n_instances, seed=env.sim.seed)
+    s = sim.run().result().summary
+    assert s["cost_instance_seconds"] == pytest.approx(info["summary"]["cost_instance_seconds"])
+    assert s["attainment"] == info["summary"]["attainment"]
+    r = run_window(env.baseline_policy("static"), (env.sim.w, env.sim.seed), env)
+    assert 0 <= r["attainment"] <= 1
+
+
+@pytest.mark.parametrize("kw,match", [({"pools": "roles"}, "unknown pools"), ({"control_interval": 0}, "control_interval"),
+                                      ({"max_delta": 0}, "max_delta"), ({"lam": -1.0}, "lam"),
+                                      ({"min_instances": 3, "n_instances": 2}, "min_instances"),
+                                      ({"cold_start": "teleport"}, "cold_start")])
+def test_bad_parameters_raise(kw, match):
+    with pytest.raises(ValueError, match=match):
+        gym.make("slogym/Scaling-v0", **(SMALL | kw))
+
+
+@pytest.mark.parametrize("bad", [np.array([5]), np.array([-1]), np.array([1.5]), np.array([1, 1]), np.array([np.nan])])
+def test_invalid_actions_raise(bad):
+    env = gym.make("slogym/Scaling-v0", **SMALL)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="action"):
+        env.step(bad)
