@@ -126,6 +126,8 @@ def _check_compatible(env: "ServingEnv", sim: "Simulator") -> None:
 def env_policy(name: str, env: "ServingEnv", act: Actor) -> Policy:
     """A Policy whose ``env.decision`` comes from ``act`` and whose other decisions come from the env's
     ``policy`` baseline (a fresh instance of it)."""
+    if hasattr(env, "agent_policy"):  # an env whose decision is neither route nor schedule (Scaling-v0)
+        return env.agent_policy(name, act)
     base = make_policy(env.policy_name, env.engine)
     params = {"agent": name, "decision": env.decision, "base_policy": env.policy_name}
     if env.decision == "route":

@@ -15,6 +15,7 @@ ENV_IDS = {
     "slogym/Admission-v0": "slogym.envs.arrival:AdmissionEnv",
     "slogym/Routing-v0": "slogym.envs.arrival:RoutingEnv",
     "slogym/Batching-v0": "slogym.envs.batching:BatchingEnv",
+    "slogym/Scaling-v0": "slogym.envs.scaling:ScalingEnv",
 }
 
 
