@@ -71,7 +71,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -132,12 +132,13 @@ class BatchTimeInverse:
     """``time2bs(T, steps)``: the largest token batch the engine runs within ``T`` seconds (Alg. 2 line 7).
 
     One vectorized ``batch_time`` call over a token grid (``step`` tokens apart, up to ``max_tokens``) x draft steps
-    ``0..max_steps``. The batch is modeled as one prefill chunk of all its tokens (attending to ``past`` earlier
+    ``0..max_steps``, tabulated on a uniform time grid of ``resolution`` seconds (times round down). The batch
+    is modeled as one prefill chunk of all its tokens (attending to ``past`` earlier
     tokens) while ``decode_seqs`` running decodes read ``decode_ctx`` KV tokens (conservative: all of them read).
     """
 
     def __init__(self, engine: Any, max_tokens: int, max_steps: int, decode_seqs: int = 0, decode_ctx: int = 0,
-                 past: int = 0, step: int = 16) -> None:
+                 past: int = 0, step: int = 16, resolution: float = 2.5e-4) -> None:
         self.grid = np.arange(0, max_tokens + step, step, dtype=np.int64)
         g, s = np.meshgrid(self.grid, np.arange(max_steps + 1, dtype=np.int64))
         x = g.ravel()
@@ -146,25 +147,42 @@ class BatchTimeInverse:
                                 kv_tokens=decode_ctx + x + past, spec_steps=s.ravel())
         t = np.asarray(engine.batch_time(f), np.float64).reshape(g.shape)
         t = np.maximum.accumulate(t, axis=1)  # monotone in tokens, so searchsorted is valid
-        self._big = float(t.max()) + 1.0
-        self._flat = (t + np.arange(t.shape[0])[:, None] * self._big).ravel()  # rows sorted and stacked
-        self._n = t.shape[1]
+        self.peak_rate = float(self.grid[-1] / t[0, -1]) if t[0, -1] > 0 else 1.0
+        """tokens/s of the largest batch (no drafts)"""
+        self.min_time = float(t[0, 1]) if t.shape[1] > 1 else 0.0
+        """time of the smallest non-empty batch on the grid (no drafts)"""
+        # the inverse on a uniform time grid (resolution ``res``, rounded down: conservative), so a lookup is an
+        # index computation instead of a search
+        self.res = resolution
+        n_t = int(math.ceil(float(t.max()) / resolution)) + 2
+        tq = np.arange(n_t) * resolution
+        cnt = np.stack([np.searchsorted(row, tq, side="right") for row in t])  # grid points within each time
+        self._tcap = np.concatenate(([0], self.grid))[cnt].ravel()   # (steps x n_t) capacities, flattened
+        self._n_t = n_t
 
     def __call__(self, T: np.ndarray | float, steps: np.ndarray | int) -> np.ndarray:
-        steps = np.asarray(steps, np.int64)
-        pos = np.searchsorted(self._flat, np.asarray(T, np.float64) + steps * self._big, side="right")
-        pos = pos - steps * self._n
-        return np.where(pos > 0, self.grid[np.maximum(pos - 1, 0)], 0)
+        return self.lookup(np.asarray(T, np.float64), self.offsets(np.asarray(steps, np.int64)))
+
+    def offsets(self, steps: np.ndarray) -> np.ndarray:
+        """Row offsets of ``steps`` draft steps for :meth:`lookup` (precomputed by hot loops)."""
+        return steps * self._n_t
+
+    def lookup(self, T: np.ndarray, off: np.ndarray) -> np.ndarray:
+        k = np.minimum((T * (1.0 / self.res)).astype(np.int64), self._n_t - 1)
+        return self._tcap[k + off]
 
 
 # ================================================================================ App. D: speculation lengths
 @dataclass(frozen=True)
 class PartialBatch:
-    """A planned batch shape (Eq. 3): batch time, per-tier speculation lengths, prefill budget per batch."""
+    """Planned batch shapes (Eq. 3), one per count vector: batch time, prefill budget per batch, decode tokens
+    verified per batch, draft steps, and per-tier tokens verified per decode (1 = no speculation)."""
 
     time: np.ndarray    # (G,) seconds; inf where the counts cannot be served
     budget: np.ndarray  # (G,) prefill tokens per batch; -inf where infeasible
-    sl: np.ndarray      # (G, L) tokens verified per decode per batch (1 = no speculation)
+    demand: np.ndarray  # (G,) decode tokens per batch
+    steps: np.ndarray   # (G,) draft-model steps per batch
+    sl: np.ndarray      # (G, L)
 
 
 def speculation_plan(counts: np.ndarray, tpot: np.ndarray, alpha: float, max_sl: int,
@@ -197,7 +215,41 @@ def speculation_plan(counts: np.ndarray, tpot: np.ndarray, alpha: float, max_sl:
     rows = np.arange(counts.shape[0])
     feas = ok[rows, best]
     return PartialBatch(np.where(feas, Tc[best], np.inf), np.where(feas, budget[rows, best], -np.inf),
-                        np.where(feas[:, None], sl[best], 1))
+                        demand[rows, best], steps[rows, best], np.where(feas[:, None], sl[best], 1))
+
+
+class IntervalBudget:
+    """Eq. 2-3's ``PB*(t, n)`` for every count vector of a :class:`PartialBatch` table: the prefill budget of the
+    partial batches filling an interval of ``t`` seconds -- ``floor(t / T)`` planned batches plus one shorter
+    batch for the remainder (dynamic batch sizing: the largest batch that ends by the deadline; its decode share
+    pro rata). 0 for count vectors that cannot be served. Tables are precomputed for the DP's inner loop."""
+
+    def __init__(self, pb: PartialBatch, time2bs: BatchTimeInverse, shape: tuple[int, ...]) -> None:
+        self.ok = (pb.budget >= 0).reshape(shape)
+        ok = self.ok.ravel()
+        self.T = np.where(ok, pb.time, 1.0).reshape(shape)
+        self.inv_T = 1.0 / self.T
+        self.budget = np.where(ok, pb.budget, 0.0).reshape(shape)
+        self.rate = np.where(ok, pb.demand / np.where(ok, pb.time, 1.0), 0.0).reshape(shape)
+        self.cap_ok = ok.reshape(shape) * 1.0
+        self.off, self.time2bs = time2bs.offsets(pb.steps.reshape(shape)), time2bs
+
+    def __call__(self, dt: np.ndarray, cnt: Any) -> np.ndarray:
+        """Budget over ``dt`` (broadcast against the count vectors selected by ``cnt``: a tuple of slices or
+        indices into the table, or an array of flat indices)."""
+        if isinstance(cnt, np.ndarray):
+            return self._budget(dt, *(a.ravel()[cnt] for a in self._tables()))
+        return self._budget(dt, *(a[cnt] for a in self._tables()))
+
+    def _tables(self) -> tuple[np.ndarray, ...]:
+        return self.T, self.inv_T, self.budget, self.rate, self.cap_ok, self.off
+
+    def _budget(self, dt: np.ndarray, T: np.ndarray, inv_T: np.ndarray, budget: np.ndarray, rate: np.ndarray,
+                cap_ok: np.ndarray, off: np.ndarray) -> np.ndarray:
+        nb = np.floor(dt * inv_T)
+        rem = dt - nb * T
+        part = self.time2bs.lookup(rem, off) - rate * rem
+        return nb * budget + np.maximum(part, 0.0) * cap_ok
 
 
 # ================================================================================ §3.2.1: the multi-SLO DP
@@ -239,25 +291,31 @@ class AdmissionProblem:
 class AdmissionPlan:
     """DP result: which requests are accepted and the planned partial batches ``B*`` per interval.
 
-    intervals rows ``(start, end, batch_time, n_batches, budget_per_batch)`` between consecutive accepted
-              prefill deadlines, from now to the last one (Eq. 2-3's partial batches)
+    intervals rows ``(start, end, batch_time, n_full_batches, prefill_budget)`` between consecutive accepted
+              prefill deadlines, from now to the last one (Eq. 2-3's partial batches; the budget includes the
+              shorter batch that ends at the deadline)
     """
 
     accepted: np.ndarray
     feasible: bool
     budget_left: float
-    intervals: list[tuple[float, float, float, int, float]] = field(default_factory=list)
+    _intervals: Callable[[], list[tuple[float, float, float, int, float]]] = list
+
+    @property
+    def intervals(self) -> list[tuple[float, float, float, int, float]]:
+        """Built on demand (reconstruction of ``B*`` is not needed for the admission decision itself)."""
+        return self._intervals()
 
     @property
     def count(self) -> int:
         return int(self.accepted.sum())
 
 
-PlanFn = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
-"""Count vectors ``(G, L)`` -> (batch time, prefill budget per batch); budget < 0 = the decodes do not fit."""
+PlanFn = Callable[[np.ndarray], PartialBatch]
+"""Count vectors ``(G, L)`` -> their batch shapes; budget < 0 = the decodes do not fit in a batch."""
 
 
-def solve_admission(prob: AdmissionProblem, plan: PlanFn) -> AdmissionPlan:
+def solve_admission(prob: AdmissionProblem, plan: PlanFn, time2bs: BatchTimeInverse) -> AdmissionPlan:
     """The multi-SLO DP (Eq. 5 with per-tier counts and forced admission), vectorized per position.
 
     Returns the admitted set of the largest size (ties: most prefill budget left at the end). When the forced
@@ -276,92 +334,100 @@ def solve_admission(prob: AdmissionProblem, plan: PlanFn) -> AdmissionPlan:
     # PB* tables over every reachable count vector: base + forced so far + new accepted
     dims = tuple((F + K + 1).tolist())
     grid = np.indices(dims).reshape(L, -1).T + prob.base
-    t_tab, b_tab = plan(grid)
-    ok_tab = (b_tab >= 0).reshape(dims)
-    t_tab = np.where(ok_tab.ravel(), t_tab, np.inf).reshape(dims)
-    b_tab = np.where(ok_tab.ravel(), b_tab, 0.0).reshape(dims)
+    delta = IntervalBudget(plan(grid), time2bs, dims)
+    ok_tab = delta.ok
     none = AdmissionPlan(prob.forced.copy(), False, 0.0)
     if not ok_tab[(0,) * L]:
         return none
     kdims = tuple((K + 1).tolist())
     V = np.full((n + 1, M + 1) + kdims, -np.inf)
-    arg = np.zeros((n + 1, M + 1) + kdims, np.int32)
     V[(0, 0) + (0,) * L] = 0.0
     t_at = np.concatenate(([0.0], d))  # V index j -> its prefill deadline (0 = now)
-    lo = 0
-    fcum = np.zeros(L, np.int64)
+    # Eq. 2's PB* for every (position i, predecessor j, new counts k) in one vectorized call: the interval's
+    # counts are the forced requests before i plus k, whatever j is (no forced request lies between j and i)
+    fc = np.zeros((n, L), np.int64)  # forced positions before each position, per tier
+    fc[1:] = np.cumsum(np.eye(L, dtype=np.int64)[tier[:-1]] * forced[:-1, None], axis=0)
+    kg = np.indices(kdims)
+    flat = np.ravel_multi_index(tuple(fc[:, t].reshape((n,) + (1,) * L) + kg[t][None] for t in range(L)), dims)
+    dt_all = np.maximum(d[:, None] - t_at[None, :], 0.0).reshape((n, n + 1) + (1,) * L)
+    gains = delta(dt_all, flat[:, None])                # (n, n+1, *kdims)
+    lo_at = [0] * n                    # first allowed predecessor of each position (forced admission)
+    fcum_at: list[list[int]] = [[]] * n
+    alive = [True] + [False] * n       # positions with any reachable state
+    lo, fcum = 0, [0] * L              # fcum: forced positions passed, per tier
+    kh, mh = [0] * L, 0                # reachable new counts per tier / memory units so far (the state box)
     for i in range(n):
-        l, m_i = int(tier[i]), int(mem[i])
-        sl_prev = tuple(slice(int(fcum[t]), int(fcum[t]) + int(K[t]) + 1) for t in range(L))
-        tk, bk = t_tab[sl_prev], b_tab[sl_prev]                     # interval's counts: before i
-        dt = (d[i] - t_at[lo:i + 1]).reshape((-1,) + (1,) * L)
-        delta = np.floor(dt / tk) * bk                              # (J, *kdims): Eq. 2
-        src = V[lo:i + 1] + delta[:, None]                          # (J, M+1, *kdims)
-        j_best = src.argmax(axis=0)
-        best = np.take_along_axis(src, j_best[None], axis=0)[0] - p[i]
-        new_counts = fcum.copy()
-        new_counts[l] += 1
-        if forced[i]:
-            sl_new = tuple(slice(int(new_counts[t]), int(new_counts[t]) + int(K[t]) + 1) for t in range(L))
-            good = (best >= 0) & ok_tab[sl_new][None]
-            V[i + 1] = np.where(good, best, -np.inf)
-            arg[i + 1] = j_best + lo
-            lo, fcum = i + 1, new_counts
+        l, m_i, f_i = int(tier[i]), int(mem[i]), bool(forced[i])
+        lo_at[i], fcum_at[i] = lo, fcum
+        live = alive[lo:i + 1]
+        if not any(live) or (not f_i and m_i > M):
             continue
-        if m_i > M or K[l] == 0:
-            continue
-        # accepting i: memory m -> m + m_i, tier count k_l -> k_l + 1
-        src_k = tuple(slice(0, int(K[t]) + (0 if t == l else 1)) for t in range(L))
-        dst_k = tuple(slice(1 if t == l else 0, int(K[t]) + 1) for t in range(L))
-        cnt_k = tuple(slice(int(fcum[t]) + (1 if t == l else 0), int(fcum[t]) + int(K[t]) + 1) for t in range(L))
-        b = best[(slice(0, M + 1 - m_i),) + src_k]
-        good = (b >= 0) & ok_tab[cnt_k][None]
-        V[(i + 1, slice(m_i, M + 1)) + dst_k] = np.where(good, b, -np.inf)
-        arg[(i + 1, slice(m_i, M + 1)) + dst_k] = j_best[(slice(0, M + 1 - m_i),) + src_k] + lo
+        js = slice(lo, i + 1) if all(live) else [lo + j for j, a in enumerate(live) if a]  # a view if all live
+        reach = (slice(0, mh + 1),) + tuple(slice(0, kh[t] + 1) for t in range(L))
+        gain = gains[(i, js) + reach[1:]]                            # (J, *k box): PB* of the intervals j -> i
+        best = (V[(js,) + reach] + gain[:, None]).max(axis=0)       # Eq. 5: max over the previous accepted j
+        best -= p[i]
+        if f_i:
+            fcum = fcum.copy()
+            fcum[l] += 1
+            cnt = tuple(slice(fcum[t], fcum[t] + kh[t] + 1) for t in range(L))
+            best[(best < 0) | ~ok_tab[cnt][None]] = -np.inf
+            V[(i + 1,) + reach] = best
+            alive[i + 1] = bool(best.max() > -np.inf)
+            lo = i + 1
+        else:  # accepting i: memory m -> m + m_i, tier count k_l -> k_l + 1
+            top = min(mh, M - m_i)
+            dst = (i + 1, slice(m_i, m_i + top + 1)) + tuple(
+                slice(1, kh[t] + 2) if t == l else slice(0, kh[t] + 1) for t in range(L))
+            cnt = tuple(slice(fcum[t] + (t == l), fcum[t] + kh[t] + 1 + (t == l)) for t in range(L))
+            b = best[:top + 1]
+            b[(b < 0) | ~ok_tab[cnt][None]] = -np.inf
+            V[dst] = b
+            alive[i + 1] = bool(b.max() > -np.inf)
+            mh = min(M, mh + m_i)
+            kh[l] += 1
     ends = V[lo:]
-    if not np.isfinite(ends).any():
+    if not alive[lo] and not any(alive[lo + 1:]):
         return none
     ksum = np.indices(kdims).sum(axis=0)
-    score_cnt = np.where(np.isfinite(ends), ksum[None, None], -1)
-    top = score_cnt.max()
+    score_cnt = np.where(ends > -np.inf, ksum[None, None], -1)
+    top = int(score_cnt.max())
     flat = np.where(score_cnt == top, ends, -np.inf).argmax()
-    q, m, *k = np.unravel_index(flat, ends.shape)
+    q, m, *k = (int(v) for v in np.unravel_index(flat, ends.shape))
     q += lo
     budget_left = float(V[(q, m) + tuple(k)])
-    accepted = np.zeros(n, bool)
-    path = []
-    k = list(k)
-    while q > 0:
+    accepted = forced.copy()
+    while top and q > 0:  # reconstruction: recompute Eq. 5's argmax j* at the chosen state only
         i = q - 1
         accepted[i] = True
-        path.append(i)
-        j = int(arg[(q, m) + tuple(k)])
         if not forced[i]:
             m -= int(mem[i])
             k[int(tier[i])] -= 1
-        q = j
+        cnt = tuple(fcum_at[i][t] + k[t] for t in range(L))
+        js = np.arange(lo_at[i], i + 1)
+        cand = V[(js, m) + tuple(k)] + delta(d[i] - t_at[js], cnt)
+        q = int(js[cand.argmax()])
     out = np.zeros(n, bool)
     out[order] = accepted
-    return AdmissionPlan(out, True, budget_left, _intervals(path[::-1], d, tier, prob.base, L, t_tab, b_tab))
 
+    def intervals() -> list[tuple[float, float, float, int, float]]:
+        """B*: the partial batches of each interval between consecutive accepted deadlines."""
+        rows, t0, c = [], 0.0, [0] * L
+        for i in np.flatnonzero(accepted).tolist():
+            idx = tuple(c)
+            T = float(delta.T[idx]) if ok_tab[idx] else math.inf
+            nb = int(math.floor((d[i] - t0) / T)) if math.isfinite(T) else 0
+            rows.append((t0, float(d[i]), T, nb, float(delta(np.array(d[i] - t0), idx))))
+            t0 = float(d[i])
+            c[int(tier[i])] += 1
+        return rows
 
-def _intervals(path: list[int], d: np.ndarray, tier: np.ndarray, base: np.ndarray, L: int, t_tab: np.ndarray,
-               b_tab: np.ndarray) -> list[tuple[float, float, float, int, float]]:
-    """``B*``: the partial batches of each interval between consecutive accepted deadlines."""
-    out, t0, cnt = [], 0.0, np.zeros(L, np.int64)
-    for i in path:
-        idx = tuple(int(c) for c in cnt)
-        T, bg = float(t_tab[idx]), float(b_tab[idx])
-        nb = int(math.floor((d[i] - t0) / T)) if math.isfinite(T) else 0
-        out.append((t0, float(d[i]), T, nb, bg))
-        t0 = float(d[i])
-        cnt[int(tier[i])] += 1
-    return out
+    return AdmissionPlan(out, True, budget_left, intervals)
 
 
 def allocate_prefill(plan: AdmissionPlan, deadline: np.ndarray, prefill: np.ndarray) -> np.ndarray:
     """Time (s from now) at which each accepted request's prefill completes when every planned interval's budget
-    (``n_batches * budget_per_batch``, available by the interval's end) goes to the accepted requests
+    (available by the interval's end) goes to the accepted requests
     earliest-deadline-first (§3.2.1 "we allocate the prefill budget ... prioritizing earlier deadlines");
     ``inf`` for requests not accepted or not completed within the plan."""
     acc = np.flatnonzero(plan.accepted)
@@ -369,8 +435,7 @@ def allocate_prefill(plan: AdmissionPlan, deadline: np.ndarray, prefill: np.ndar
     left = prefill[acc].astype(np.float64)
     finish = np.full(deadline.shape[0], np.inf)
     finish[acc[left <= 0]] = 0.0
-    for _, end, _, nb, bg in plan.intervals:
-        budget = nb * bg
+    for _, end, _, _, budget in plan.intervals:
         for j in np.flatnonzero(left > 0).tolist():
             take = min(left[j], budget)
             left[j] -= take
@@ -458,6 +523,7 @@ class Planner:
     def __init__(self, state: SLOsServeState, inst: Instance) -> None:
         self.state, self.inst = state, inst
         self._plans: dict[tuple[int, ...], tuple[float, np.ndarray]] = {}
+        self._inverse: dict[tuple[int, int, int], BatchTimeInverse] = {}
         self.invocations = 0
 
     # ------------------------------------------------------------------ the admitted set
@@ -479,11 +545,21 @@ class Planner:
 
     # ------------------------------------------------------------------ admission (Alg. 1 line 2)
     def time2bs(self, decode_seqs: int, decode_ctx: int, past: int) -> BatchTimeInverse:
-        eng = self.inst.engine
-        return BatchTimeInverse(eng, int(eng.max_num_batched_tokens), self.state.max_sl - 1, decode_seqs,
-                                decode_ctx, past, self.state.config.grid_step)
+        """``time2bs`` for the replica's current load, cached per bucket of (running decodes: 8, KV tokens read:
+        16k, prompt length: 256), built at the bucket's upper edge so the cached table stays conservative."""
+        key = (decode_seqs >> 3, decode_ctx >> 14, past >> 8)
+        inv = self._inverse.get(key)
+        if inv is None:
+            eng = self.inst.engine
+            up = lambda v, b: ((v >> b) + 1) << b  # noqa: E731
+            inv = BatchTimeInverse(eng, int(eng.max_num_batched_tokens), self.state.max_sl - 1, up(decode_seqs, 3),
+                                   up(decode_ctx, 14), up(past, 8), self.state.config.grid_step)
+            if len(self._inverse) > 256:
+                self._inverse.clear()
+            self._inverse[key] = inv
+        return inv
 
-    def problem(self, new: np.ndarray, now: float) -> tuple[AdmissionProblem, np.ndarray, PlanFn]:
+    def problem(self, new: np.ndarray, now: float) -> tuple[AdmissionProblem, np.ndarray, PlanFn, BatchTimeInverse]:
         """The DP input for admitting ``new`` on top of this replica's admitted requests."""
         st, sim = self.state, self.state.sim
         rs, w, inst = sim.rs, sim.w, self.inst
@@ -514,9 +590,9 @@ class Planner:
         past = int(np.mean(w.input_tokens[pos])) if pos.size else 0
         inv = self.time2bs(int(run.size), ctx, past)
         if pos_f.size:  # an admitted request already late gets the earliest deadline its prefill can still make
-            rate = max(float(inv(1.0, 0)), 1.0)
             o = np.argsort(dl[:pos_f.size], kind="stable")
-            dl[o] = np.maximum(dl[o], np.cumsum(prefill[o]) / rate)
+            soonest = np.cumsum(prefill[o]) / inv.peak_rate + 2.0 * max(inv.min_time, self._base_time(base, tiers_tp))
+            dl[o] = np.maximum(dl[o], soonest)
         prob = AdmissionProblem(
             deadline=dl,
             prefill=prefill,
@@ -525,26 +601,25 @@ class Planner:
             forced=np.concatenate((np.ones(pos_f.size, bool), np.zeros(new.size, bool))),
             base=base, tpot=tiers_tp, mem_units=M)
         if st.config.dynamic_batch:
-            def plan(g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-                pb = speculation_plan(g, tiers_tp, st.alpha, st.max_sl, inv)
-                return pb.time, pb.budget
+            def plan(g: np.ndarray) -> PartialBatch:
+                return speculation_plan(g, tiers_tp, st.alpha, st.max_sl, inv)
         else:
-            def plan(g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            def plan(g: np.ndarray) -> PartialBatch:
                 return self._fixed_plan(g, tiers_tp, inv)
-        return prob, pos, plan
+        return prob, pos, plan, inv
 
-    def _fixed_plan(self, g: np.ndarray, tiers_tp: np.ndarray, inv: BatchTimeInverse
-                    ) -> tuple[np.ndarray, np.ndarray]:
+    def _base_time(self, base: np.ndarray, tiers_tp: np.ndarray) -> float:
+        """Batch time for the decodes running now (Alg. 2 line 1: the tightest TPOT among them)."""
+        return float(tiers_tp[base > 0].min()) if (base > 0).any() else 0.0
+
+    def _fixed_plan(self, g: np.ndarray, tiers_tp: np.ndarray, inv: BatchTimeInverse) -> PartialBatch:
         """Ablation without dynamic batch sizing: every batch takes the workload's tightest TPOT (Sarathi's
-        budget, §6 "Baseline") whatever is running; speculation keeps App. D's lengths for that batch time."""
+        fixed budget, §6 "Baseline") whatever is running; no speculation (a fixed token budget)."""
         t0 = self.state.tightest
-        acc = expected_tokens(np.arange(1, self.state.max_sl + 1), self.state.alpha)
-        need = t0 / tiers_tp
-        si = np.minimum(np.searchsorted(acc, need * (1 - 1e-12)), acc.size - 1)
-        rate = (si + 1) * need / acc[si]
-        cap = float(inv(t0, 0))
-        budget = cap - (g * rate[None]).sum(axis=1)
-        return np.full(g.shape[0], t0), budget
+        demand = (g * (t0 / tiers_tp)[None]).sum(axis=1)
+        zero = np.zeros(g.shape[0], np.int64)
+        return PartialBatch(np.full(g.shape[0], t0), float(inv(t0, 0)) - demand, demand, zero,
+                            np.ones(g.shape, np.int64))
 
     def admit(self, new: np.ndarray, now: float) -> np.ndarray:
         """Run the DP for ``new`` requests; record and return which are admitted (Alg. 1 lines 2-3)."""
@@ -554,8 +629,8 @@ class Planner:
             ok = np.ones(new.size, bool)
         else:
             self.invocations += 1
-            prob, pos, plan = self.problem(new, now)
-            res = solve_admission(prob, plan)
+            prob, pos, plan, inv = self.problem(new, now)
+            res = solve_admission(prob, plan, inv)
             ok = res.accepted[pos.size - new.size:]
         st.admitted_on[new[ok]] = self.inst.id
         return ok
@@ -575,9 +650,7 @@ class Planner:
                 if not math.isfinite(T):  # overloaded: keep the tightest deadline, no speculation
                     T, sl = float(tiers_tp[counts > 0].min()), np.ones(tiers_tp.size, np.int64)
             else:
-                T = self.state.tightest
-                acc = expected_tokens(np.arange(1, self.state.max_sl + 1), self.state.alpha)
-                sl = np.minimum(np.searchsorted(acc, T / tiers_tp * (1 - 1e-12)), acc.size - 1) + 1
+                T, sl = self.state.tightest, np.ones(tiers_tp.size, np.int64)
             hit = (T, np.asarray(sl, np.int64))
             if len(self._plans) > 4096:
                 self._plans.clear()
