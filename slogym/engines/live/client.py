@@ -1,0 +1,239 @@
+"""Handle on one live vLLM engine process (:class:`VLLMEngine`) and where to find a Python that has vLLM.
+
+The engine runs in a child process (``worker.py``) so that a crash or a hung step can never take the caller down
+or block it: every reply is awaited with a deadline, and a dead process, a timeout or an engine exception all
+become an :class:`EngineError` naming what happened (with the tail of the engine's log). The child may run
+under another Python (``SLOGYM_VLLM_PYTHON`` or a repo-local ``.venv-vllm``), so slogym's own environment
+never needs vLLM installed.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from slogym.core.errors import EngineError
+from slogym.engines.live import worker as _worker
+
+WORKER = Path(_worker.__file__).resolve()
+REPO_VENV = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
+
+
+def _has_vllm(python: str) -> bool:
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    try:
+        return subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@lru_cache(maxsize=None)
+def find_vllm_python() -> str | None:
+    """The first Python that can import vLLM: ``$SLOGYM_VLLM_PYTHON``, this one, or ``<repo>/.venv-vllm``."""
+    env = os.environ.get("SLOGYM_VLLM_PYTHON")
+    for cand in ([env] if env else []) + [sys.executable, str(REPO_VENV)]:
+        if cand and Path(cand).exists() and _has_vllm(cand):
+            return cand
+    return None
+
+
+def vllm_unavailable_reason() -> str | None:
+    """None when a vLLM Python was found, else why not (for test skips and CLI errors)."""
+    if find_vllm_python() is not None:
+        return None
+    return ("vLLM is not installed: no Python with vllm found ($SLOGYM_VLLM_PYTHON, this interpreter, "
+            f"{REPO_VENV}); build it with 'make vllm-venv' or 'pip install slogym[vllm]'")
+
+
+def make_tiny_model(out_dir: str | Path, python: str | None = None, timeout: float = 300.0, **arch: int) -> Path:
+    """Write a tiny random-weight Llama model to ``out_dir`` (no download); ``arch``: hidden, layers, heads,
+    vocab, max_len, seed. Reuses an existing model directory."""
+    out = Path(out_dir)
+    if (out / "config.json").exists():
+        return out
+    py = python or find_vllm_python()
+    if py is None:
+        raise EngineError(vllm_unavailable_reason() or "no vLLM Python")
+    cmd = [py, str(WORKER), "tiny-model", str(out)] + [f"{k}={int(v)}" for k, v in arch.items()]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if res.returncode != 0:
+        raise EngineError(f"building the tiny model failed: {res.stderr.strip()[-2000:]}")
+    return out
+
+
+@dataclass
+class EngineConfig:
+    """What the live engine is built with; ``num_blocks * block_size`` KV tokens (the pool the policy sees).
+
+    block_size must be a multiple of 32 for vLLM's CPU attention. ``step_timeout`` bounds every engine step,
+    ``init_timeout`` the start-up (import + model load), both in seconds.
+    """
+
+    model: str
+    block_size: int = 32
+    num_blocks: int = 256
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 2048
+    dtype: str = "float32"
+    seed: int = 0
+    threads: int = 1
+    step_timeout: float = 60.0
+    init_timeout: float = 600.0
+    python: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                     "threads"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"EngineConfig.{name}={getattr(self, name)!r}; must be >= 1")
+        if self.max_model_len > self.num_blocks * self.block_size:
+            raise ValueError(f"max_model_len={self.max_model_len} exceeds the KV pool "
+                             f"({self.num_blocks} blocks x {self.block_size} tokens)")
+        if not (self.step_timeout > 0 and self.init_timeout > 0):
+            raise ValueError("step_timeout and init_timeout must be > 0")
+
+
+class VLLMEngine:
+    """One live vLLM engine in a child process, stepped with explicit batches.
+
+    ``step(plan, add=, abort=, preempt=)`` runs one engine iteration whose batch is ``plan`` =
+    ``[(request, tokens, computed_before, known_tokens), ...]`` and returns the worker's reply: ``time_s`` (wall
+    time of ``LLMEngine.step()``), ``finished`` (requests vLLM completed), ``state`` (computed/known tokens after
+    the step). Any failure raises :class:`EngineError` and leaves the engine closed.
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        py = config.python or find_vllm_python()
+        if py is None:
+            raise EngineError(vllm_unavailable_reason() or "no vLLM Python")
+        self._log = tempfile.NamedTemporaryFile(prefix="slogym-vllm-", suffix=".log", delete=False)
+        env = os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1",
+                            "VLLM_LOGGING_LEVEL": "WARNING", "OMP_NUM_THREADS": str(config.threads),
+                            "PYTHONNOUSERSITE": "1"} | config.env
+        env.pop("PYTHONPATH", None)  # the worker imports only vLLM; never the caller's packages
+        self.proc = subprocess.Popen([py, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self._log, env=env, cwd=tempfile.gettempdir())
+        self.closed = False
+        self.iterations = 0
+        cfg = {k: getattr(config, k) for k in ("model", "block_size", "num_blocks", "max_num_seqs",
+                                               "max_num_batched_tokens", "max_model_len", "dtype", "seed",
+                                               "threads")}
+        self.info = self._call({"cmd": "init", **cfg}, config.init_timeout, "start-up")
+        if int(self.info["num_blocks"]) != config.num_blocks:
+            self.close()
+            raise EngineError(f"engine has {self.info['num_blocks']} free KV blocks, asked for {config.num_blocks}")
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    # ---------------------------------------------------------------- protocol
+    def _call(self, msg: dict[str, Any], timeout: float, what: str) -> dict[str, Any]:
+        if self.closed:
+            raise EngineError(f"engine {what}: the engine is closed (it failed or was shut down)")
+        try:
+            _worker.write_msg(self.proc.stdin, msg)
+            reply = self._read(time.monotonic() + timeout, timeout, what)
+        except EngineError:
+            self.close(force=True)
+            raise
+        except (OSError, ValueError) as e:  # broken pipe: the process is gone
+            self.close(force=True)
+            raise EngineError(f"engine {what}: the engine process is gone ({e}){self._log_tail()}") from None
+        if not reply.get("ok"):
+            self.close(force=True)
+            raise EngineError(f"engine {what} failed: {reply.get('error', '?').strip()}")
+        return reply
+
+    def _read(self, deadline: float, timeout: float, what: str) -> dict[str, Any]:
+        fd = self.proc.stdout.fileno()
+        buf = b""
+        need = _worker._HEADER.size
+        header_done = False
+        while True:
+            while len(buf) < need:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise EngineError(f"engine {what} timed out after {timeout:g} s (engine process "
+                                      f"{self.proc.pid} killed){self._log_tail()}")
+                ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+                if not ready:
+                    continue
+                chunk = os.read(fd, max(need - len(buf), 65536))
+                if not chunk:
+                    code = self.proc.poll()
+                    raise EngineError(f"engine {what}: the engine process {self.proc.pid} died (exit code "
+                                      f"{code}){self._log_tail()}")
+                buf += chunk
+            if header_done:
+                return _worker.pickle.loads(buf[_worker._HEADER.size:need])
+            need = _worker._HEADER.size + _worker._HEADER.unpack(buf[:_worker._HEADER.size])[0]
+            header_done = True
+
+    def _log_tail(self, n: int = 1500) -> str:
+        try:
+            text = Path(self._log.name).read_text(errors="replace")
+        except OSError:
+            return ""
+        lines = [ln for ln in text.splitlines() if "Warning" not in ln and "WARNING" not in ln]
+        tail = "\n".join(lines)[-n:].strip()
+        return f"; engine log ({self._log.name}) ends:\n{tail}" if tail else ""
+
+    # ---------------------------------------------------------------- API
+    def step(self, plan: list[tuple[int, int, int, int]], add: list[tuple[int, int, int]] = (),
+             abort: list[int] = (), preempt: list[int] = (), hang: float = 0.0) -> dict[str, Any]:
+        msg = {"cmd": "step", "plan": list(plan), "add": list(add), "abort": list(abort),
+               "preempt": list(preempt)}
+        if hang:
+            msg["hang"] = hang
+        reply = self._call(msg, self.config.step_timeout, f"step {self.iterations}")
+        self.iterations += 1
+        return reply
+
+    def abort(self, requests: list[int]) -> None:
+        """Abort ``requests`` in the engine (their KV is freed) without running a step."""
+        self._call({"cmd": "abort", "abort": list(requests)}, self.config.step_timeout, "abort")
+
+    def close(self, force: bool = False) -> None:
+        """Stop the engine process (politely unless ``force``, then by kill); idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        if not force and self.proc.poll() is None:
+            try:
+                _worker.write_msg(self.proc.stdin, {"cmd": "stop"})
+                self.proc.wait(timeout=10)
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        self._log.close()
+        Path(self._log.name).unlink(missing_ok=True)
+
+    def __enter__(self) -> "VLLMEngine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "closed", True):
+            self.close()
+

@@ -1,0 +1,264 @@
+"""The live-engine worker: one vLLM v1 engine driven step by step, in its own process.
+
+Run as a script (``python worker.py``) by :class:`slogym.engines.live.client.VLLMEngine`, usually under the
+Python of a separate vLLM environment, so this file imports nothing from slogym. It speaks length-prefixed
+pickles on the stdout/stdin pipes it was started with (anything vLLM prints goes to stderr):
+
+``init``   build the engine (in-process EngineCore, no async scheduling, no prefix caching, KV pool of exactly
+           ``num_blocks`` usable blocks) with :class:`PlanScheduler` in place of vLLM's scheduler
+``step``   add new requests, abort some, then run ONE engine step whose batch is the plan sent with it;
+           reply with the measured wall time of ``LLMEngine.step()`` and every planned request's token counts
+``abort``  abort requests (free their KV) without stepping
+``stop``   shut the engine down and exit
+
+``python worker.py tiny-model DIR`` writes a tiny random-weight Llama model (no download) and exits.
+
+The plan is the slogym policy's batch: which requests run, how many tokens each computes (prefill chunk or a
+one-token decode step), and which running requests are preempted by recompute first. vLLM's own scheduling
+rules (token budget, FCFS order, watermark, its preemption choice) are not consulted.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import sys
+import time
+import traceback
+from typing import Any
+
+_HEADER = struct.Struct(">I")
+
+
+# ---------------------------------------------------------------------------------------------- framing
+def read_msg(f: Any) -> Any:
+    head = f.read(_HEADER.size)
+    if len(head) < _HEADER.size:
+        raise EOFError("pipe closed")
+    n = _HEADER.unpack(head)[0]
+    body = f.read(n)
+    if len(body) < n:
+        raise EOFError("pipe closed mid-message")
+    return pickle.loads(body)
+
+
+def write_msg(f: Any, obj: Any) -> None:
+    body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    f.write(_HEADER.pack(len(body)) + body)
+    f.flush()
+
+
+# ---------------------------------------------------------------------------------------------- tiny model
+def make_tiny_model(out_dir: str, hidden: int = 128, layers: int = 2, heads: int = 4, vocab: int = 512,
+                    max_len: int = 4096, seed: int = 0) -> str:
+    """Save a random-weight Llama-architecture model built from a config (nothing downloaded).
+
+    ``hidden / heads`` is the attention head_dim; vLLM's CPU attention needs it >= 32."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if hidden % heads or hidden // heads < 32:
+        raise ValueError(f"hidden={hidden}, heads={heads}: head_dim must be an integer >= 32 (vLLM CPU attention)")
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+                      max_position_embeddings=max_len, tie_word_embeddings=False)
+    LlamaForCausalLM(cfg).to(torch.float32).save_pretrained(out_dir)
+    return out_dir
+
+
+# ---------------------------------------------------------------------------------------------- engine
+def _plan_scheduler_class() -> type:
+    """vLLM's v1 Scheduler with ``schedule()`` replaced by "execute the plan" (imports vLLM lazily)."""
+    from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.request import RequestStatus
+
+    class PlanScheduler(Scheduler):
+        """Forms each step's batch from ``self.plan`` = (preempt ids, [(id, tokens, nc, nt), ...]).
+
+        Preemption reuses vLLM's recompute path (blocks freed, ``num_computed_tokens = 0``, back to the front of
+        the waiting queue). KV blocks come from vLLM's own manager; the planner sized its pool identically, so an
+        allocation failure means the two ledgers diverged and is reported as an error. ``nc``/``nt`` are the
+        planner's computed/known token counts, checked against vLLM's before anything runs.
+        """
+
+        plan: tuple[list[str], list[tuple[str, int, int, int]]] | None = None
+
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            super().__init__(*a, **kw)
+            self.kv_cache_manager.watermark_blocks = 0  # admission headroom is the policy's business
+
+        def schedule(self, throttle_prefills: bool = False) -> Any:
+            if self.plan is None:
+                raise RuntimeError("engine step without a plan")
+            preempt, items = self.plan
+            self.plan = None
+            self.current_step += 1
+            self.kv_cache_manager.new_step_starts()
+            now = time.monotonic()
+            for rid in preempt:
+                req = self.requests[rid]
+                self.running.remove(req)
+                self._preempt_request(req, now)
+            new: list[Any] = []
+            resumed: list[Any] = []
+            running: list[Any] = []
+            blocks: dict[str, Any] = {}
+            n_sched: dict[str, int] = {}
+            for rid, n, nc, nt in items:
+                req = self.requests.get(rid)
+                if req is None:
+                    raise RuntimeError(f"planned request {rid} is not in the engine")
+                if (req.num_computed_tokens, req.num_tokens) != (nc, nt):
+                    raise RuntimeError(f"request {rid}: engine has {req.num_computed_tokens} computed of "
+                                       f"{req.num_tokens} tokens, planner {nc} of {nt}")
+                got = self.kv_cache_manager.allocate_slots(req, n, has_scheduled_reqs=False)
+                if got is None:
+                    raise RuntimeError(f"request {rid}: no KV blocks for {n} tokens "
+                                       f"({self.kv_cache_manager.block_pool.get_num_free_blocks()} free)")
+                if req.status == RequestStatus.RUNNING:
+                    running.append(req)
+                    blocks[rid] = got
+                else:
+                    self.waiting.remove_request(req)
+                    self.running.append(req)
+                    (new if req.status == RequestStatus.WAITING else resumed).append(req)
+                    req.status = RequestStatus.RUNNING
+                    blocks[rid] = self.kv_cache_manager.get_blocks(rid)
+                n_sched[rid] = n
+            if self.use_v2_model_runner:
+                new, resumed = new + resumed, []
+                new_data = [NewRequestData.from_request(r, blocks[r.request_id].get_block_ids(), r._all_token_ids,
+                                                        uses_mrope=self.model_uses_mrope) for r in new]
+            else:
+                new_data = [NewRequestData.from_request(r, blocks[r.request_id].get_block_ids(),
+                                                        uses_mrope=self.model_uses_mrope) for r in new]
+            cached = self._make_cached_request_data(running, resumed, n_sched, {}, blocks)
+            if not self.use_v2_model_runner:
+                self.prev_step_scheduled_req_ids = set(n_sched)
+            out = SchedulerOutput(
+                scheduled_new_reqs=new_data, scheduled_cached_reqs=cached, num_scheduled_tokens=n_sched,
+                total_num_scheduled_tokens=sum(n_sched.values()), scheduled_spec_decode_tokens={},
+                scheduled_encoder_inputs={}, preempted_req_ids=self.reset_preempted_req_ids,
+                finished_req_ids=self.finished_req_ids,
+                free_encoder_mm_hashes=self.encoder_cache_manager.get_freed_mm_hashes(),
+                new_block_ids_to_zero=self._get_new_block_ids_to_zero(),
+                ec_manager_metadata=self.encoder_cache_manager.get_manager_metadata())
+            self._update_after_schedule(out)
+            return out
+
+    return PlanScheduler
+
+
+class Worker:
+    """Owns the engine and the map from planner ids to vLLM's internal request ids."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        t0 = time.perf_counter()
+        import torch
+
+        torch.set_num_threads(int(cfg.get("threads", 1)))
+        from vllm import EngineArgs, LLMEngine, SamplingParams, __version__
+
+        self.SamplingParams = SamplingParams
+        bs, nb = int(cfg["block_size"]), int(cfg["num_blocks"])
+        args = EngineArgs(model=cfg["model"], skip_tokenizer_init=True, dtype=cfg.get("dtype", "float32"),
+                          seed=int(cfg.get("seed", 0)), block_size=bs, num_gpu_blocks_override=nb + 1,
+                          max_model_len=int(cfg["max_model_len"]), max_num_seqs=int(cfg["max_num_seqs"]),
+                          max_num_batched_tokens=int(cfg["max_num_batched_tokens"]), enable_prefix_caching=False,
+                          enable_chunked_prefill=True, async_scheduling=False, enforce_eager=True,
+                          gpu_memory_utilization=float(cfg.get("memory_fraction", 0.1)),
+                          scheduler_cls=_plan_scheduler_class())
+        self.engine = LLMEngine.from_engine_args(args)
+        self.sched = self.engine.engine_core.engine_core.scheduler
+        self.vocab = int(self.engine.model_config.get_vocab_size())
+        self.ids: dict[int, str] = {}
+        free = self.sched.kv_cache_manager.block_pool.get_num_free_blocks()
+        self.info = {"ok": True, "num_blocks": free, "block_size": bs, "vllm": __version__, "pid": os.getpid(),
+                     "init_s": time.perf_counter() - t0}
+
+    def _add(self, rid: int, prompt_len: int, max_tokens: int) -> None:
+        prompt = [1 + (rid * 7919 + i * 31) % (self.vocab - 2) for i in range(prompt_len)]
+        params = self.SamplingParams(max_tokens=max_tokens, min_tokens=max_tokens, ignore_eos=True,
+                                     temperature=0.0, detokenize=False)
+        self.ids[rid] = self.engine.add_request(str(rid), {"prompt_token_ids": prompt}, params)
+
+    def abort(self, msg: dict[str, Any]) -> dict[str, Any]:
+        gone = [self.ids.pop(r) for r in msg.get("abort", ()) if r in self.ids]
+        if gone:
+            self.engine.abort_request(gone, internal=True)
+        return {"ok": True, "aborted": len(gone)}
+
+    def step(self, msg: dict[str, Any]) -> dict[str, Any]:
+        for rid, prompt_len, max_tokens in msg.get("add", ()):
+            self._add(rid, prompt_len, max_tokens)
+        self.abort(msg)
+        if not msg["plan"]:
+            raise ValueError("a step needs a non-empty plan")
+        if msg.get("hang"):  # fault injection for tests: a step that never returns in time
+            time.sleep(float(msg["hang"]))
+        plan = msg["plan"]
+        self.sched.plan = ([self.ids[r] for r in msg.get("preempt", ())],
+                           [(self.ids[r], n, nc, nt) for r, n, nc, nt in plan])
+        try:
+            t0 = time.perf_counter()
+            outs = self.engine.step()
+            dt = time.perf_counter() - t0
+        finally:
+            self.sched.plan = None
+        finished = [int(o.request_id) for o in outs if o.finished]
+        for r in finished:
+            self.ids.pop(r, None)
+        reqs = self.sched.requests
+        state = {r: (reqs[self.ids[r]].num_computed_tokens, reqs[self.ids[r]].num_tokens)
+                 for r, *_ in plan if r in self.ids}
+        return {"ok": True, "time_s": dt, "finished": finished, "state": state,
+                "free_blocks": self.sched.kv_cache_manager.block_pool.get_num_free_blocks()}
+
+
+def serve(inp: Any, out: Any) -> None:
+    worker: Worker | None = None
+    while True:
+        try:
+            msg = read_msg(inp)
+        except EOFError:
+            return
+        cmd = msg.get("cmd")
+        try:
+            if cmd == "init":
+                worker = Worker(msg)
+                reply = worker.info
+            elif cmd == "step" and worker is not None:
+                reply = worker.step(msg)
+            elif cmd == "abort" and worker is not None:
+                reply = worker.abort(msg)
+            elif cmd == "stop":
+                write_msg(out, {"ok": True})
+                return
+            else:
+                reply = {"ok": False, "error": f"unexpected command {cmd!r}"}
+        except Exception:  # reported to the client, which raises EngineError with it
+            reply = {"ok": False, "error": traceback.format_exc(limit=6)}
+        write_msg(out, reply)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) >= 2 and argv[0] == "tiny-model":
+        kw = {k: int(v) for k, v in (a.split("=", 1) for a in argv[2:])}
+        make_tiny_model(argv[1], **kw)
+        return 0
+    # the protocol owns the original stdout; everything printed from here on goes to stderr
+    proto_out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    serve(sys.stdin.buffer, proto_out)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main(sys.argv[1:]))
