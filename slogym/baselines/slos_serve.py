@@ -583,7 +583,9 @@ class Planner:
         blocks_new = -(-st.max_ctx[new] // bs)
         mem_new = np.ceil(blocks_new / unit).astype(np.int64) if unit > 0 else np.full(new.size, M + 1)
         pos = np.concatenate((pos_f, new))
-        dl = np.minimum(rs.next_deadline(w, pos) - now, HORIZON)
+        # budget accrues from the end of the iteration in flight (its length is bounded by the last one's)
+        origin = now + (inst.last_dt if inst.inflight is not None else 0.0)
+        dl = np.minimum(rs.next_deadline(w, pos) - origin, HORIZON)
         prefill = (rs.num_tokens[pos] - rs.num_computed[pos]).astype(np.int64)
         run = inst.running_array()
         ctx = int((rs.num_computed[run] + 1).sum()) if run.size else 0
@@ -724,6 +726,11 @@ class SLOsServeScheduler(Scheduler):
             T, sl = pl.batch_plan(counts, tiers_tp, int(dec.size), ctx, past)
         else:
             T, sl = math.inf, np.ones(0, np.int64)
+        T_batch = T
+        if a_pre.size:  # end the batch at the earliest prefill deadline it can meet (the DP's partial batch)
+            slack = float(rs.next_deadline(w, a_pre[:1])[0]) - now
+            if self._min_time(pl, inst) <= slack < T:
+                T_batch = slack
         # decodes due before the next batch could end (Alg. 2 lines 8-14), EDF; late ones tightened (§3.2.3)
         dl = rs.next_deadline(w, a_dec)
         order = np.argsort(dl, kind="stable")
@@ -735,7 +742,12 @@ class SLOsServeScheduler(Scheduler):
             spec = np.where(dl < now + T, st.max_sl - 1, spec)
             left = rs.stage_len[a_dec] - rs.gen_in_stage[a_dec] - 1  # drafts past the stage end are wasted
             spec = np.where(is_dec_stage & due, np.clip(spec, 0, np.maximum(left, 0)), 0)
-        return self._form(inst, now, T, a_dec[due], spec[due], a_pre, b_dec, b_pre, a_dec[~due], demote)
+        return self._form(inst, now, T_batch, a_dec[due], spec[due], a_pre, b_dec, b_pre, a_dec[~due], demote)
+
+    @staticmethod
+    def _min_time(pl: Planner, inst: Instance) -> float:
+        """Time of the smallest useful batch: below it a shortened batch holds no prefill tokens."""
+        return pl.time2bs(0, 0, 0).min_time
 
     def _admit_placed(self, pl: Planner, inst: Instance, now: float) -> list[int]:
         """Requests placed here without an admission decision (not by this router): the DP admits them or they
