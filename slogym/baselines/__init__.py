@@ -48,6 +48,8 @@ PAPER_POLICIES: dict[str, str] = {
     "las": "slogym.baselines.sjf",
     **{name: "slogym.baselines.tempo" for name in
        ("tempo", "tempo-precise", "tempo-sjf", "tempo-no-graph", "tempo-no-predictor")},
+    **{name: "slogym.baselines.slos_serve" for name in
+       ("slos-serve", "slos-serve-no-spec", "slos-serve-no-dbs", "slos-serve-no-admission")},
 }
 """Policies built by a paper module's ``POLICIES`` factories (``f(engine, **params) -> Policy``)."""
 
@@ -69,6 +71,10 @@ POLICY_DESCRIPTIONS: dict[str, str] = {
     "tempo-sjf": "shortest predicted job first with Tempo's analyzer (Tempo-SJF baseline)",
     "tempo-no-graph": "Tempo without DAG matching (Fig. 15 ablation)",
     "tempo-no-predictor": "Tempo without the QRF length predictor (Fig. 15 ablation)",
+    "slos-serve": "SLOs-Serve multi-SLO DP admission, dynamic batches, adaptive speculation, routing (Chen et al. 2025)",
+    "slos-serve-no-spec": "SLOs-Serve without speculative decoding (Fig. 14 ablation)",
+    "slos-serve-no-dbs": "SLOs-Serve without dynamic batch sizing: fixed tightest-TPOT batches (Fig. 14 ablation)",
+    "slos-serve-no-admission": "SLOs-Serve admitting every request (Fig. 14 ablation)",
     "round-robin": "round-robin router + vLLM FCFS",
     "random": "random router + vLLM FCFS",
     "least-load": "least-outstanding-tokens router + vLLM FCFS",
