@@ -100,7 +100,8 @@ def test_worker_budget_on_a_live_state_by_hand():
 
 # ---------------------------------------------------------------------------------------------- admission
 def test_ttft_probability_properties():
-    assert ttft_probability(0.0, 1.0, 0.5, 0.0) > 0.99
+    # slack 0.5 s, spread 0.25 * 0.5 s: z = 4
+    assert ttft_probability(0.0, 1.0, 0.5, 0.0, cv=0.25) == pytest.approx(0.5 * (1 + math.erf(4 / math.sqrt(2))))
     assert ttft_probability(0.0, 1.0, 1.0, 0.0) == pytest.approx(0.5)
     assert ttft_probability(0.6, 1.0, 0.5, 0.0) < 0.5
     # more utilization: more spread, so a comfortable request is less sure and a hopeless one less hopeless

@@ -49,8 +49,9 @@ import numpy as np
 
 from slogym.baselines.common import batch_of, make_room_for_decodes, split_running, unstick
 from slogym.core.batch import Batch, BatchFeatures
-from slogym.core.instance import Instance, Role
-from slogym.core.policy import BEST_EFFORT, REJECT, Policy, Router, Scheduler
+from slogym.core.errors import SchedulerError
+from slogym.core.instance import Instance, InstanceState, Role
+from slogym.core.policy import BEST_EFFORT, REJECT, Policy, Router, Scaler, Scheduler
 from slogym.core.state import Outcome, Status
 
 if TYPE_CHECKING:
@@ -134,7 +135,7 @@ def maturity_interval(prefill_time: float, tpot: float, decode_cost: float) -> f
     return prefill_time + math.ceil(prefill_time / slack) * decode_cost
 
 
-def ttft_probability(waited: float, ttft: float, remaining: float, utilization: float, cv: float = 0.25) -> float:
+def ttft_probability(waited: float, ttft: float, remaining: float, utilization: float, cv: float = 0.5) -> float:
     """§5.1 step 4: probability that a request meets its TTFT given its waiting time, TTFT target, the estimated
     time until its prefill completes (``remaining``: wait for the worker plus the prefill) and the worker's
     utilization ``u`` in [0, 1].
@@ -316,9 +317,10 @@ class DispatcherState:
                        if self.slo_mapping else None)
         finite = self.ttft[np.isfinite(self.ttft)]
         self.tightest_ttft = float(self.mapper.ttft_lo.min() if self.mapper else finite.min() if finite.size else INF)
-        self.maturity = np.zeros(len(sim.instances))
-        self.timer_at = np.full(len(sim.instances), -INF)
-        self.workers = WorkerQueue()
+        self.maturity = np.zeros(0)
+        self.timer_at = np.zeros(0)
+        self.workers = WorkerQueue()     # prefill-serving workers (colocated or prefill) by shadow maturity
+        self.decoders = WorkerQueue()    # decode workers by the end of their next decode iteration
         self.tracked: list[int] = []
         self.mapped = np.zeros(len(w), bool)
         self.next_monitor = 0.0
@@ -344,6 +346,15 @@ class DispatcherState:
         tpot = float(self.tpot[dec].min()) if dec.size else INF
         budget = min(token_budget(self.tightest_ttft, tpot, d, m.a, m.b), float(inst.engine.max_num_batched_tokens))
         return budget, tpot, d
+
+    def decode_excess(self, inst: Instance, r: int) -> float:
+        """Eq. 2 step time of decode worker ``inst`` with request ``r`` added to what it holds, minus the tightest
+        TPOT among them (<= 0: the TPOT budget admits ``r``)."""
+        rs = self.sim.rs
+        held = np.asarray(inst.running + inst.waiting, dtype=np.int64)
+        ctx = float((rs.num_computed[held] + 1).sum()) + float(rs.num_computed[r]) + 1.0
+        tpot = min(float(self.tpot[held].min()) if held.size else INF, float(self.tpot[r]))
+        return self.model(inst).decode_time(int(held.size) + 1, ctx) - tpot
 
     def utilization(self, inst: Instance) -> float:
         return max(inst.kv_utilization, len(inst.running) / float(inst.engine.max_num_seqs))
@@ -383,6 +394,18 @@ class DispatcherState:
     def refresh(self, inst: Instance, now: float) -> None:
         self.workers.update(inst.id, self.shadow_maturity(inst, now))
 
+    def track_workers(self, now: float) -> None:
+        """Per-worker state for instances the scaler added since the last call (they join the queues)."""
+        sim = self.sim
+        n0 = self.maturity.shape[0]
+        if len(sim.instances) == n0:
+            return
+        self.maturity = np.concatenate((self.maturity, np.zeros(len(sim.instances) - n0)))
+        self.timer_at = np.concatenate((self.timer_at, np.full(len(sim.instances) - n0, -INF)))
+        for inst in sim.instances[n0:]:
+            self.refresh(inst, now)
+            self.decoders.update(inst.id, now)
+
     def monitor(self, now: float) -> None:
         """Periodic telemetry (§4): re-key every worker from its real state, recount pending requests per level,
         and feed completed requests to the SLO mapper's windows. Run from the dispatcher at arrivals at most every
@@ -391,6 +414,7 @@ class DispatcherState:
             return
         self.next_monitor = now + self.monitor_interval
         sim = self.sim
+        self.track_workers(now)
         for inst in sim.instances:
             self.refresh(inst, now)
         self.pending[:] = 0
@@ -431,27 +455,36 @@ def _wake(sim: "Simulator", t: float) -> None:
     """Timer callback: nothing to change; the simulator offers idle instances work after every timer."""
 
 
-# ============================================================================ the dispatcher (Router)
+# ============================================================================ the dispatcher and migrator (Router)
+def _accepting(inst: Instance) -> bool:
+    return inst.state == InstanceState.ACTIVE
+
+
 def _serves_prefill(inst: Instance) -> bool:
-    return inst.role != Role.DECODE and getattr(inst, "accepting", True)
+    return inst.role != Role.DECODE and _accepting(inst)
 
 
 class HyperFlexisDispatcher(Router):
-    """§5.1 dispatcher at arrival: bind the request to the earliest-maturing worker of the maturity queue, or
-    reject it when its TTFT probability there is below ``admit_threshold`` (module doc, "Deviation")."""
+    """§5.1 Dispatcher at arrival: bind the request to the earliest-maturing prefill-serving worker of the maturity
+    queue, or reject it when its TTFT probability there is below ``admit_threshold`` (module doc, "Deviation").
+
+    In P/D (§5.1 "PD-Disaggregated Architecture") it is the Dispatcher of the P-stage; :meth:`route_decode` is the
+    Migrator of the D-stage.
+    """
 
     def __init__(self, state: DispatcherState) -> None:
         self.state = state
 
     def route(self, req: int, sim: "Simulator", now: float) -> int:
         st = self.state
+        st.track_workers(now)
         st.monitor(now)
         if st.mapper is not None and not st.mapped[req]:
             st.assign_slo(req)
         insts = sim.instances
-        w = st.workers.earliest(lambda i: i < len(insts) and _serves_prefill(insts[i]))
+        w = st.workers.earliest(lambda i: _serves_prefill(insts[i]))
         if w is None:
-            raise RuntimeError(f"request {req}: no worker accepts prefills at t={now}")
+            raise SchedulerError(f"request {req}: no active worker serves prefills at t={now}")
         inst = insts[w]
         if st.probability(req, inst, st.workers.key[w], now) < st.admit_threshold:
             return REJECT if st.reject == "reject" else BEST_EFFORT
@@ -461,30 +494,86 @@ class HyperFlexisDispatcher(Router):
         st.workers.update(w, st.shadow_maturity(inst, now, float(rs.num_tokens[req] - rs.num_computed[req])))
         return w
 
+    def route_decode(self, req: int, sim: "Simulator", now: float) -> int:
+        """The Migrator (§5.1): the decode worker maturing first (end of its next decode iteration) among those
+        whose TPOT budget admits the request (Eq. 2 step time with it added within the tightest TPOT there);
+        when none does, the one where the step time exceeds that TPOT the least."""
+        st = self.state
+        st.track_workers(now)
+        insts = sim.instances
+        ok = [i for i in range(len(insts)) if insts[i].role == Role.DECODE and _accepting(insts[i])]
+        if not ok:
+            raise SchedulerError(f"request {req}: no active decode worker at t={now}")
+        excess = {i: st.decode_excess(insts[i], req) for i in ok}
+        fits = {i for i, e in excess.items() if e <= 0.0}
+        w = st.decoders.earliest(lambda i: i in fits) if fits else None
+        if w is None:
+            w = min(ok, key=lambda i: (excess[i], i))
+        st.decoders.update(w, max(st.decoders.key.get(w, now), now))
+        return w
+
     def best_effort_instance(self, req: int, sim: "Simulator", now: float) -> int:
         insts = sim.instances
         ok = [i for i in range(len(insts)) if _serves_prefill(insts[i])]
         return min(ok, key=lambda i: (insts[i].n_resident, i))
 
 
+class RoundRobinPDRouter(Router):
+    """The paper's RR-PD baseline (§8.1.2): round-robin over the prefill workers at arrival and over the decode
+    workers when a prefill completes (both over accepting workers of the stage)."""
+
+    def reset(self, sim: "Simulator") -> None:
+        self._next = [0, 0]
+
+    def _turn(self, sim: "Simulator", decode: bool, req: int, now: float) -> int:
+        insts = sim.instances
+        ok = [i for i in range(len(insts)) if _accepting(insts[i]) and (insts[i].role == Role.DECODE) == decode]
+        if not ok:
+            raise SchedulerError(f"request {req}: no active {'decode' if decode else 'prefill'} worker at t={now}")
+        i = ok[self._next[decode] % len(ok)]
+        self._next[decode] += 1
+        return i
+
+    def route(self, req: int, sim: "Simulator", now: float) -> int:
+        return self._turn(sim, False, req, now)
+
+    def route_decode(self, req: int, sim: "Simulator", now: float) -> int:
+        return self._turn(sim, True, req, now)
+
+
 # ============================================================================ the worker (Scheduler)
 class HyperFlexisScheduler(Scheduler):
-    """A worker under the dispatcher (§5.1): at its maturity time it dispatches the next prefill batch from its
-    queue (Eq. 5 budget, SLO order, TTFT-probability admission), otherwise it decodes every running request.
+    """A worker under the dispatcher (§5.1).
 
-    Prefill batches are whole prompts, not mixed with decodes (vLLM-Ascend's static prefill, §5.1 "a prefill step in
-    static batching is non-interruptible"). KV shortage preempts (recompute) the lowest-priority running request.
+    Colocated or prefill role: at its maturity time it dispatches the next prefill batch from its queue (Eq. 5
+    budget, SLO order, TTFT-probability admission), otherwise it decodes every running request. Prefill batches are
+    whole prompts, not mixed with decodes (vLLM-Ascend's static prefill, §5.1 "a prefill step in static batching is
+    non-interruptible"). KV shortage preempts (recompute) the lowest-priority running request.
+
+    Decode role (the D-stage under the Migrator): every decode iteration admits migrated requests from its queue in
+    SLO order while the Eq. 2 step time stays within the tightest TPOT of the batch ("decisions at every iteration").
+
+    ``pd=True`` (policies ``hyperflexis-pd*``) turns an all-colocated cluster into P/D at reset: the first
+    ``ceil(prefill_fraction * n)`` instances become prefill workers, the rest decode workers (one instance stays
+    colocated).
     """
 
     steady_through_finish = True
 
-    def __init__(self, state: DispatcherState, max_num_seqs: int = 256) -> None:
+    def __init__(self, state: DispatcherState, max_num_seqs: int = 256, pd: bool = False,
+                 prefill_fraction: float = 0.5) -> None:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs={max_num_seqs}; must be >= 1")
+        if not 0.0 < prefill_fraction < 1.0:
+            raise ValueError(f"prefill_fraction={prefill_fraction}; must be in (0, 1)")
         self.state = state
         self.max_num_seqs = max_num_seqs
+        self.pd = pd
+        self.prefill_fraction = prefill_fraction
 
     def reset(self, sim: "Simulator") -> None:
+        if self.pd:
+            split_pd(sim, self.prefill_fraction)
         self.state.reset(sim)
 
     def next_batch(self, inst: Instance, now: float) -> Batch | None:
@@ -492,6 +581,9 @@ class HyperFlexisScheduler(Scheduler):
         if not (dec.size or pre.size or inst.waiting):
             return None
         st = self.state
+        st.track_workers(now)
+        if inst.role == Role.DECODE:
+            return self._decode_iteration(inst, dec, now)
         mature = now >= st.maturity[inst.id]
         if (inst.waiting or pre.size) and mature:
             batch = self._dispatch(inst, dec, pre, now)
@@ -538,39 +630,269 @@ class HyperFlexisScheduler(Scheduler):
         tokens = np.asarray(toks, dtype=np.int64)
         t_p = st.model(inst).prefill_time(float(tokens.sum()), float((tokens * tokens).sum()))
         st.maturity[inst.id] = now + maturity_interval(t_p, tpot, d)
-        done = [r for r in reqs if np.isnan(rs.first_scheduled[r])]
-        np.subtract.at(st.pending, st.level[np.asarray(done, dtype=np.int64)], 1)
+        first = [r for r in reqs if np.isnan(rs.first_scheduled[r])]
+        np.subtract.at(st.pending, st.level[np.asarray(first, dtype=np.int64)], 1)
         np.maximum(st.pending, 0, out=st.pending)
         batch = batch_of(reqs, toks)
         batch.demote = tuple(demote)
         st.workers.update(inst.id, st.shadow_maturity(inst, now, -float(tokens.sum())))
         return batch
 
+    def _decode_iteration(self, inst: Instance, dec: np.ndarray, now: float) -> Batch | None:
+        """One D-stage iteration: the running decodes plus migrated requests admitted under the TPOT budget."""
+        st, rs = self.state, inst.sim.rs
+        key = st.sort_key
+        keep, victims, free = make_room_for_decodes(inst, dec, key) if dec.size else (dec, [], inst.free_blocks)
+        reqs = keep.tolist()
+        model = st.model(inst)
+        ctx = float((rs.num_computed[keep] + 1).sum())
+        tpot = float(st.tpot[keep].min()) if keep.size else INF
+        for r in sorted(inst.waiting, key=key) if not victims else ():
+            if len(reqs) >= self.max_num_seqs:
+                break
+            need = int(inst.blocks_needed([r], 1)[0])
+            t = min(tpot, float(st.tpot[r]))
+            step = model.decode_time(len(reqs) + 1, ctx + float(rs.num_computed[r]) + 1)
+            if need > free or (reqs and step > t):
+                continue
+            reqs.append(r)
+            free -= need
+            ctx += float(rs.num_computed[r]) + 1
+            tpot = t
+        if not reqs:
+            return unstick(inst, key) if not victims else batch_of([], [], victims)
+        step = model.decode_time(len(reqs), ctx)
+        st.decoders.update(inst.id, now + step)
+        all_running = len(reqs) == keep.size and not inst.waiting
+        return batch_of(reqs, np.ones(len(reqs), np.int64), victims, steady=all_running and not victims)
+
+
+def split_pd(sim: "Simulator", prefill_fraction: float) -> None:
+    """Make an all-colocated cluster P/D through the cluster API (instances are empty at reset)."""
+    insts = sim.instances
+    if len(insts) < 2 or any(i.role != Role.COLOCATED for i in insts):
+        return
+    n_p = min(max(math.ceil(prefill_fraction * len(insts)), 1), len(insts) - 1)
+    for i, inst in enumerate(insts):
+        sim.switch_role(i, Role.PREFILL if i < n_p else Role.DECODE)
+
+
+# ============================================================================ scaling (§6, Algorithm 3)
+@dataclass(frozen=True)
+class ScalingThresholds:
+    """Algorithm 3's thresholds (the symbols were lost; values are ours): a stage scales out when any metric is
+    above its upper threshold, and in when all stay below their lower thresholds for ``sustain`` intervals.
+
+    utilization  busy seconds of the stage's active workers over the interval, per worker
+    wait         longest wait of a queued request relative to its SLO (TTFT in the queue of a prefill-serving
+                 worker, TPOT in a decode worker's queue)
+    rate         requests entering the stage's queues over the interval / requests leaving them for a batch (the
+                 input queue rate over the processing rate); 1 = balanced
+    """
+
+    util_up: float = 0.85
+    util_down: float = 0.3
+    wait_up: float = 0.5
+    wait_down: float = 0.1
+    rate_up: float = 1.3
+    rate_down: float = 0.7
+    sustain: int = 3
+
+
+class HyperFlexisScaler(Scaler):
+    """§6 threshold scaler (Algorithm 3), every ``interval`` seconds, acting only through the cluster API.
+
+    Per stage (colocated; or prefill and decode), with the metrics of :class:`ScalingThresholds`: scale out by one
+    worker when a metric is above its upper threshold (not while one of the stage is still starting), scale in
+    by draining the least-loaded worker when all are below their lower ones for ``sustain`` intervals, within
+    ``[min_per_stage, max_instances]``. In P/D, a stage that must grow while the other is calm takes a worker from
+    it by ``switch_role`` (role reconfiguration instead of churn, §6). New workers start with the Table 2 cold
+    start of ``cold_start``: ``"d2d"`` (Fast Scaling: weights from a running instance) by default, ``"disk"`` when no
+    active worker exists to copy from, or ``"cpu_offload"`` / ``"disk"`` for the slower variants.
+
+    :meth:`deltas` is the per-stage decision (+1 / 0 / -1) that Scaling-v0 can express; :meth:`decide` applies it.
+    Deviation: the TLManager's P/D link setup is taken as free (links are pre-established, §6).
+    """
+
+    def __init__(self, interval: float = 1.0, max_instances: int = 8, min_per_stage: int = 1,
+                 cold_start: str = "d2d", thresholds: ScalingThresholds = ScalingThresholds()) -> None:
+        if not interval > 0 or max_instances < 1 or min_per_stage < 1:
+            raise ValueError(f"interval={interval} must be > 0, max_instances={max_instances} and "
+                             f"min_per_stage={min_per_stage} >= 1")
+        if cold_start not in ("d2d", "cpu_offload", "disk"):
+            raise ValueError(f"cold_start={cold_start!r}; expected 'd2d', 'cpu_offload' or 'disk'")
+        self.interval, self.max_instances, self.min_per_stage = float(interval), max_instances, min_per_stage
+        self.cold_start, self.thresholds = cold_start, thresholds
+
+    def reset(self, sim: "Simulator") -> None:
+        self.start(sim)
+
+    def start(self, sim: "Simulator") -> None:
+        """Fresh measurement state (also for use as an expert by an environment)."""
+        roles = {inst.role for inst in sim.instances}
+        self.stages = [Role.PREFILL, Role.DECODE] if Role.DECODE in roles else [Role.COLOCATED]
+        self._busy: dict[int, float] = {}
+        self._calm = np.zeros(len(self.stages), np.int64)
+        self._t = 0.0
+        self._seen = {role: np.zeros(len(sim.w), bool) for role in self.stages}  # entered the stage's workers
+        self._done = {role: 0 for role in self.stages}                         # left its queues (cumulative)
+
+    def _members(self, sim: "Simulator", role: Role) -> list[Instance]:
+        return [i for i in sim.instances if i.role == role and i.state != InstanceState.STOPPED]
+
+    def metrics(self, sim: "Simulator", now: float) -> np.ndarray:
+        """``(n_stages, 3)``: utilization, wait ratio, arrival / processing rate ratio since the last call."""
+        rs, w = sim.rs, sim.w
+        dt = max(now - self._t, 1e-9)
+        out = np.zeros((len(self.stages), 3))
+        for k, role in enumerate(self.stages):
+            members = self._members(sim, role)
+            active = [i for i in members if i.state == InstanceState.ACTIVE]
+            busy = sum(i.busy_time - self._busy.get(i.id, 0.0) for i in active)
+            wait = np.asarray([r for i in members for r in i.waiting], dtype=np.int64)
+            slo = w.min_tpot[wait] if role == Role.DECODE else w.first_ttft[wait]
+            waited = now - (rs.ready[wait] if role != Role.DECODE else rs.last_token[wait])
+            ratio = float(np.max(np.where(np.isfinite(slo), waited / np.maximum(slo, 1e-9), 0.0))) if wait.size else 0.0
+            arrived, done = self._flow(sim, members, role)
+            out[k] = (busy / (dt * max(len(active), 1)), ratio, arrived / max(done, 1.0) if arrived else 0.0)
+        self._busy = {i.id: i.busy_time for i in sim.instances}
+        self._t = now
+        return out
+
+    def _flow(self, sim: "Simulator", members: list[Instance], role: Role) -> tuple[float, float]:
+        """Requests that entered the stage's queues, and requests that left them for a batch (the stage's
+        processing), since the last call."""
+        seen = self._seen[role]
+        waiting = np.asarray([r for i in members for r in i.waiting], dtype=np.int64)
+        ids = np.concatenate((waiting, np.asarray([r for i in members for r in i.running], dtype=np.int64)))
+        new = ids[~seen[ids]]
+        seen[new] = True
+        processed = int(seen.sum()) - waiting.size
+        done, self._done[role] = processed - self._done[role], processed
+        return float(new.size), float(done)
+
+    def deltas(self, sim: "Simulator", now: float) -> np.ndarray:
+        """Per stage: +1 (scale out), -1 (scale in) or 0, from the thresholds (Algorithm 3)."""
+        th = self.thresholds
+        m = self.metrics(sim, now)
+        up = (m[:, 0] > th.util_up) | (m[:, 1] > th.wait_up) | (m[:, 2] > th.rate_up)
+        calm = (m[:, 0] < th.util_down) & (m[:, 1] < th.wait_down) & (m[:, 2] < th.rate_down)
+        self._calm = np.where(calm, self._calm + 1, 0)
+        down = (self._calm >= th.sustain) & ~up
+        self._calm[down] = 0
+        return np.where(up, 1, np.where(down, -1, 0)).astype(np.int64)
+
+    def decide(self, sim: "Simulator", now: float) -> None:
+        self.apply(sim, self.deltas(sim, now))
+
+    def apply(self, sim: "Simulator", deltas: np.ndarray) -> None:
+        """Carry out per-stage deltas: a +1 paired with a -1 of the other P/D stage is a role switch."""
+        d = np.asarray(deltas, dtype=np.int64)
+        if d.shape != (len(self.stages),) or np.abs(d).max(initial=0) > 1:
+            raise ValueError(f"deltas {d.tolist()}: expected one of -1/0/+1 per stage {[s.name for s in self.stages]}")
+        if len(self.stages) == 2 and sorted(d.tolist()) == [-1, 1]:
+            self._switch(sim, self.stages[int(np.argmin(d))], self.stages[int(np.argmax(d))])
+            return
+        for role, x in zip(self.stages, d.tolist()):
+            if x > 0:
+                self._add(sim, role)
+            elif x < 0:
+                self._drain(sim, role)
+
+    def _active(self, sim: "Simulator", role: Role) -> list[Instance]:
+        return [i for i in sim.instances if i.role == role and i.state == InstanceState.ACTIVE]
+
+    def _add(self, sim: "Simulator", role: Role) -> None:
+        alive = [i for i in sim.instances if i.state in (InstanceState.STARTING, InstanceState.ACTIVE)]
+        if len(alive) >= self.max_instances or any(i.role == role and i.state == InstanceState.STARTING
+                                                  for i in alive):
+            return
+        source = any(i.state == InstanceState.ACTIVE for i in sim.instances)
+        sim.add_instance(role=role, cold_start=self.cold_start if source else "disk")
+
+    def _least_loaded(self, sim: "Simulator", role: Role) -> Instance | None:
+        active = self._active(sim, role)
+        if len(active) <= self.min_per_stage:
+            return None
+        return min(active, key=lambda i: (i.n_resident, -i.id))
+
+    def _drain(self, sim: "Simulator", role: Role) -> None:
+        victim = self._least_loaded(sim, role)
+        if victim is not None:
+            sim.drain_instance(victim.id)
+
+    def _switch(self, sim: "Simulator", src: Role, dst: Role) -> None:
+        victim = self._least_loaded(sim, src)
+        if victim is not None:
+            sim.switch_role(victim.id, dst)
+
 
 # ============================================================================ policies
-def _policy(name: str, slo_mapping: bool = False) -> Callable[..., Policy]:
+_STATE_DEFAULTS: dict[str, Any] = {"admit_threshold": 0.1, "cv": 0.5, "monitor_interval": 1.0, "spread": 0.5,
+                                   "window": 256, "offset_quantile": 0.5, "reject": "reject"}
+_SCALER_DEFAULTS: dict[str, Any] = {"scale_interval": 1.0, "max_instances": 8, "cold_start": "d2d"}
+
+
+def _take(params: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    return {k: params.pop(k, v) for k, v in defaults.items()}
+
+
+def _policy(name: str, slo_mapping: bool = False, pd: bool = False, scaling: bool = False) -> Callable[..., Policy]:
     def make(engine: Any = None, **params: Any) -> Policy:
-        sched_kw = {"max_num_seqs": int(engine.max_num_seqs)} if engine is not None else {}
-        if "max_num_seqs" in params:
-            sched_kw["max_num_seqs"] = params.pop("max_num_seqs")
-        state_kw = {"admit_threshold": 0.3, "cv": 0.25, "monitor_interval": 1.0, "slo_mapping": slo_mapping,
-                    "spread": 0.5, "window": 256, "offset_quantile": 0.5, "reject": "reject"}
-        unknown = set(params) - set(state_kw)
-        if unknown:
-            raise TypeError(f"{name}: unknown parameters {sorted(unknown)}; known: "
-                            f"{sorted(state_kw) + ['max_num_seqs']}")
-        state_kw |= params
+        state_kw = _take(params, _STATE_DEFAULTS) | {"slo_mapping": slo_mapping}
+        scale_kw = _take(params, _SCALER_DEFAULTS) if scaling else {}
+        sched_kw = {"max_num_seqs": params.pop("max_num_seqs", int(engine.max_num_seqs) if engine else 256),
+                    "prefill_fraction": params.pop("prefill_fraction", 0.5)}
+        if params:
+            raise TypeError(f"{name}: unknown parameters {sorted(params)}; known: "
+                            f"{sorted([*_STATE_DEFAULTS, *sched_kw, *scale_kw])}")
         state = DispatcherState(**state_kw)
-        sched = HyperFlexisScheduler(state, **sched_kw)
-        return Policy(name=name, scheduler=sched, router=HyperFlexisDispatcher(state),
-                      params={"scheduler": "HyperFlexisScheduler", "router": "HyperFlexisDispatcher",
-                              "max_num_seqs": sched.max_num_seqs} | state_kw)
+        sched = HyperFlexisScheduler(state, pd=pd, **sched_kw)
+        scaler = None
+        if scaling:
+            scaler = HyperFlexisScaler(scale_kw["scale_interval"], scale_kw["max_instances"],
+                                       cold_start=scale_kw["cold_start"])
+        return Policy(name=name, scheduler=sched, router=HyperFlexisDispatcher(state), scaler=scaler,
+                      params={"scheduler": "HyperFlexisScheduler", "router": "HyperFlexisDispatcher", "pd": pd,
+                              "scaler": "HyperFlexisScaler" if scaling else None} | state_kw | sched_kw | scale_kw)
 
     make.__doc__ = f"Build the {name!r} policy: ``f(engine, **params)`` (admit_threshold, cv, ...)."
     return make
 
 
+def _rr_pd(engine: Any = None, **params: Any) -> Policy:
+    """RR-PD (§8.1.2): round-robin in both stages, vLLM FCFS on every worker; P/D split as ``hyperflexis-pd``."""
+    from slogym.baselines.vllm import VLLMScheduler
+
+    fraction = params.pop("prefill_fraction", 0.5)
+    defaults = {} if engine is None else {"max_num_seqs": int(engine.max_num_seqs),
+                                          "max_num_batched_tokens": int(engine.max_num_batched_tokens)}
+    sched = _PDSplit(VLLMScheduler(**(defaults | params)), fraction)
+    return Policy(name="rr-pd", scheduler=sched, router=RoundRobinPDRouter(),
+                  params={"scheduler": "VLLMScheduler", "router": "RoundRobinPDRouter", "prefill_fraction": fraction}
+                  | defaults | params)
+
+
+class _PDSplit(Scheduler):
+    """A scheduler that first makes the cluster P/D (:func:`split_pd`), then delegates every batch."""
+
+    def __init__(self, inner: Scheduler, prefill_fraction: float) -> None:
+        self.inner, self.prefill_fraction = inner, prefill_fraction
+        self.steady_through_finish = inner.steady_through_finish
+
+    def reset(self, sim: "Simulator") -> None:
+        split_pd(sim, self.prefill_fraction)
+        self.inner.reset(sim)
+
+    def next_batch(self, inst: Instance, now: float) -> Batch | None:
+        return self.inner.next_batch(inst, now)
+
+
 POLICIES: dict[str, Callable[..., Policy]] = {
     "hyperflexis": _policy("hyperflexis"),
     "hyperflexis-pm": _policy("hyperflexis-pm", slo_mapping=True),
+    "hyperflexis-scaling": _policy("hyperflexis-scaling", scaling=True),
+    "hyperflexis-pd": _policy("hyperflexis-pd", pd=True),
+    "hyperflexis-pd-scaling": _policy("hyperflexis-pd-scaling", pd=True, scaling=True),
+    "rr-pd": _rr_pd,
 }
