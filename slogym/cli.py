@@ -339,8 +339,45 @@ def cmd_profile_fit(args: argparse.Namespace) -> int:
 
 
 def cmd_profile_run(args: argparse.Namespace) -> int:
-    raise UsageError("'profile run' needs the live-vLLM profiler, which is not built yet; profile with your own "
-                     "tool and fit the records with 'slogym profile fit'")
+    """Sweep batch compositions on a live vLLM engine and write profile records (see docs/live_engine.md)."""
+    from slogym.engines.live import EngineConfig, EngineError, VLLMEngine, make_tiny_model, vllm_unavailable_reason
+    from slogym.engines.profiler import ProfileGrid, profile
+
+    _check_out_dir(args.out)
+    reason = vllm_unavailable_reason()
+    if reason is not None:
+        raise UsageError(reason)
+    model = Path(args.model)
+    if args.make_tiny:
+        make_tiny_model(model)
+    elif not (model / "config.json").is_file():
+        raise UsageError(f"--model {args.model!r}: no config.json there (pass --make-tiny to build a tiny "
+                         "random-weight model in that directory)")
+    try:
+        cfg = EngineConfig(model=str(model), block_size=args.block_size, num_blocks=args.blocks,
+                           max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                           max_model_len=args.max_model_len, step_timeout=args.step_timeout)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    grid = ProfileGrid.app_a(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.num_blocks * cfg.block_size,
+                             cfg.max_model_len, quick=args.quick)
+    say = (lambda m: print(m, file=sys.stderr)) if not args.json and sys.stderr.isatty() else None
+    try:
+        with VLLMEngine(cfg) as engine:
+            df = profile(engine, grid, repeats=args.repeats, warmup=args.warmup, progress=say)
+    except EngineError as e:
+        print(f"{PROG}: engine error: {e}", file=sys.stderr)
+        return 1
+    df.to_csv(args.out, index=False)
+    report = {"out": args.out, "rows": len(df), "points": len(grid), "kv_tokens": cfg.num_blocks * cfg.block_size,
+              "median_time_s": {k: float(v) for k, v in df.groupby("kind")["time_s"].median().items()}}
+    if args.json:
+        _print_json(report)
+        return 0
+    print(f"measured {len(df)} iterations over {len(grid)} batch compositions; wrote {args.out}")
+    print(f"fit it: slogym profile fit {args.out} --family quadratic --kv-tokens {report['kv_tokens']} "
+          f"--out PRESET.json")
+    return 0
 
 
 def cmd_leaderboard(args: argparse.Namespace) -> int:
@@ -473,8 +510,29 @@ def build_parser() -> argparse.ArgumentParser:
     lb.add_argument("--ray-address", metavar="ADDR", help="run on this Ray cluster (implies --ray)")
     lb.add_argument("--no-progress", action="store_true", help="no progress bar")
     lb.set_defaults(func=cmd_leaderboard)
-    r = psub.add_parser("run", help="(not built yet) profile a live vLLM engine",
-                        description="Profile a live vLLM engine. Not built yet: exits with status 2.")
+    r = psub.add_parser("run", help="profile a live vLLM engine into a records CSV",
+                        description="Sweep batch compositions (HyperFlexis App. A grid) on a live vLLM engine "
+                                    "and write one row per measured iteration (BatchFeatures + time_s), the "
+                                    "input of 'slogym profile fit'.")
+    r.add_argument("--engine", choices=["vllm"], default="vllm", help="live engine kind; default vllm")
+    r.add_argument("--model", required=True, metavar="DIR", help="local model directory (no downloads)")
+    r.add_argument("--make-tiny", action="store_true",
+                   help="first build a tiny random-weight Llama model in DIR (kept if already there)")
+    r.add_argument("--out", required=True, metavar="RECORDS.csv", help="where to write the records")
+    r.add_argument("--quick", action="store_true", help="every other grid value (a smoke-sized sweep)")
+    r.add_argument("--repeats", type=_bounded(int, 1), default=3, metavar="N",
+                   help="measured iterations per composition; default 3")
+    r.add_argument("--warmup", type=_bounded(int, 0), default=2, metavar="N",
+                   help="unmeasured iterations before each composition; default 2")
+    r.add_argument("--blocks", type=_bounded(int, 1), default=256, metavar="N", help="KV blocks; default 256")
+    r.add_argument("--block-size", type=_bounded(int, 1), default=32, metavar="N",
+                   help="tokens per KV block (a multiple of 32 on CPU); default 32")
+    r.add_argument("--max-num-seqs", type=_bounded(int, 1), default=64, metavar="N", help="default 64")
+    r.add_argument("--max-num-batched-tokens", type=_bounded(int, 1), default=2048, metavar="N", help="default 2048")
+    r.add_argument("--max-model-len", type=_bounded(int, 1), default=2048, metavar="N", help="default 2048")
+    r.add_argument("--step-timeout", type=_bounded(float, 0.0, strict=True), default=60.0, metavar="S",
+                   help="seconds before a hung engine step is an error; default 60")
+    r.add_argument("--json", action="store_true", help="print a JSON report")
     r.set_defaults(func=cmd_profile_run)
     return p
 

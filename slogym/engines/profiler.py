@@ -1,0 +1,177 @@
+"""Profile a live engine: sweep batch compositions and record one row per measured iteration.
+
+The sweep follows HyperFlexis App. A (prefill batches over batch sizes x input lengths; decode steps over batch
+sizes x context lengths), scaled to the engine's limits, plus mixed chunked-prefill batches (a prefill chunk
+riding along a decode batch, the Sarathi/SLOs-Serve regime). Rows have the :class:`BatchFeatures` columns and
+``time_s`` -- exactly what :func:`slogym.engines.fitting.fit_perf_model` (``slogym profile fit``) reads -- plus
+``kind`` (prefill / decode / mixed) for inspection. Features are computed by the simulator's own feature
+function, so a model fitted on these rows sees the same numbers in simulation.
+
+Deviation from App. A: the paper profiles batch sizes up to 192 and inputs up to 2020 tokens on an NPU; the
+default grid stops at the engine's ``max_num_seqs`` / ``max_num_batched_tokens`` / KV pool (a tiny CPU model
+would take minutes per point otherwise). ``warmup`` unmeasured iterations run before each point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from slogym.core.batch import BatchFeatures
+from slogym.core.simulator import Simulator
+from slogym.engines.live.client import VLLMEngine
+
+# HyperFlexis App. A grid (batch sizes, input lengths), cut to each engine's limits at run time
+APP_A_BATCH = (1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192)
+APP_A_LENGTHS = (4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 284, 512, 768, 1024, 1536, 2020)
+
+
+@dataclass
+class ProfileGrid:
+    """Batch compositions to measure.
+
+    prefill   (batch size, input length): one iteration prefilling that many whole prompts
+    decode    (batch size, context length): ``repeats`` decode steps of that many requests at that context
+    mixed     (decode batch, decode context, prefill chunk): a prefill chunk plus one decode step each
+    """
+
+    prefill: list[tuple[int, int]] = field(default_factory=list)
+    decode: list[tuple[int, int]] = field(default_factory=list)
+    mixed: list[tuple[int, int, int]] = field(default_factory=list)
+
+    @classmethod
+    def app_a(cls, max_seqs: int, max_tokens: int, kv_tokens: int, max_len: int,
+              quick: bool = False) -> "ProfileGrid":
+        """HyperFlexis App. A's grid within the limits; ``quick`` keeps every other value (CI, smoke runs)."""
+        bs = [b for b in APP_A_BATCH if b <= max_seqs]
+        ls = [n for n in APP_A_LENGTHS if n < max_len]
+        if quick:
+            bs, ls = bs[::2], ls[1::3]
+        prefill = [(b, n) for b in bs for n in ls if b * n <= max_tokens and b * (n + 1) <= kv_tokens]
+        ctx = [n for n in ls if n >= 16]
+        decode = [(b, n) for b in bs for n in ctx if b * (n + 8) <= kv_tokens]
+        chunks = [c for c in (32, 128, 512, 1024) if c <= max_tokens // 2][:: 2 if quick else 1]
+        mixed = [(b, n, c) for b in bs[1::2] for n in ctx[::2] for c in chunks
+                 if b * (n + 8) + c + 1 <= kv_tokens and b + c <= max_tokens and b < max_seqs]
+        return cls(prefill, decode, mixed)
+
+    def __len__(self) -> int:
+        return len(self.prefill) + len(self.decode) + len(self.mixed)
+
+
+class _Driver:
+    """Token ledger of the profiler's requests (the simulator's vLLM-v1 semantics: a chunk that reaches the
+    known tokens samples one more) and the plans sent to the engine."""
+
+    def __init__(self, engine: VLLMEngine) -> None:
+        self.engine = engine
+        self.prompt: dict[int, int] = {}
+        self.nc: dict[int, int] = {}
+        self.nt: dict[int, int] = {}
+        self._pending: list[tuple[int, int, int]] = []
+        self._next = 0
+
+    def new(self, prompt: int, max_out: int) -> int:
+        rid = self._next
+        self._next += 1
+        self.prompt[rid], self.nc[rid], self.nt[rid] = prompt, 0, prompt
+        self._pending.append((rid, prompt, max_out))
+        return rid
+
+    def step(self, items: list[tuple[int, int]]) -> tuple[float, BatchFeatures]:
+        rid = np.array([r for r, _ in items], np.int64)
+        tok = np.array([n for _, n in items], np.int64)
+        nc = np.array([self.nc[r] for r in rid.tolist()], np.int64)
+        nt = np.array([self.nt[r] for r in rid.tolist()], np.int64)
+        feats = Simulator._features(tok, nc, nt - nc, nc + tok, None)
+        add, self._pending = self._pending, []
+        reply = self.engine.step(list(zip(rid.tolist(), tok.tolist(), nc.tolist(), nt.tolist())), add=add)
+        for r, n in items:
+            self.nc[r] += n
+            if self.nc[r] == self.nt[r]:
+                self.nt[r] += 1
+        return float(reply["time_s"]), feats
+
+    def release(self, rids: list[int] | None = None) -> None:
+        """Abort ``rids`` (default: all) in the engine and forget them."""
+        rids = list(self.nc) if rids is None else rids
+        if rids:
+            self.engine.abort(rids)
+        for r in rids:
+            for m in (self.prompt, self.nc, self.nt):
+                m.pop(r)
+
+    def prefill_all(self, rids: list[int], budget: int) -> None:
+        """Prefill ``rids`` completely in as few chunked iterations as ``budget`` tokens allow."""
+        while True:
+            items, left = [], budget
+            for r in rids:
+                n = min(self.prompt[r] - self.nc[r], left)
+                if n > 0:
+                    items.append((r, n))
+                    left -= n
+            if not items:
+                return
+            self.step(items)
+
+
+def profile(engine: VLLMEngine, grid: ProfileGrid | None = None, repeats: int = 3, warmup: int = 2,
+            progress: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """Measure every composition of ``grid`` (default: App. A within the engine's limits) on ``engine``.
+
+    Returns the records (BatchFeatures columns, ``time_s``, ``kind``). Each composition starts from an empty
+    engine; its setup iterations (prefilling the decode batch's context) are not recorded."""
+    cfg = engine.config
+    kv_tokens = cfg.num_blocks * cfg.block_size
+    if grid is None:
+        grid = ProfileGrid.app_a(cfg.max_num_seqs, cfg.max_num_batched_tokens, kv_tokens, cfg.max_model_len)
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats={repeats} must be >= 1 and warmup={warmup} >= 0")
+    d = _Driver(engine)
+    rows: list[dict[str, Any]] = []
+
+    def record(kind: str, dt: float, f: BatchFeatures) -> None:
+        rows.append({"kind": kind, **{k: int(v) for k, v in zip(BatchFeatures._fields, f)}, "time_s": dt})
+
+    steps = warmup + repeats
+    points = [("prefill", p) for p in grid.prefill] + [("decode", p) for p in grid.decode] + \
+             [("mixed", p) for p in grid.mixed]
+    for k, (kind, point) in enumerate(points):
+        if progress is not None:
+            progress(f"[{k + 1}/{len(points)}] {kind} {point}")
+        if kind == "prefill":
+            b, n = point
+            for rep in range(steps):
+                rids = [d.new(n, 1) for _ in range(b)]
+                dt, f = d.step([(r, n) for r in rids])
+                if rep >= warmup:
+                    record(kind, dt, f)
+                d.release()
+            continue
+        b, n = point[0], point[1]
+        rids = [d.new(n, steps + 2) for _ in range(b)]
+        d.prefill_all(rids, cfg.max_num_batched_tokens)
+        chunk = point[2] if kind == "mixed" else 0
+        for rep in range(steps):
+            items = [(r, 1) for r in rids]
+            if chunk:
+                p = d.new(chunk + 1, 1)
+                items.append((p, chunk))
+            dt, f = d.step(items)
+            if chunk:
+                d.release([p])
+            if rep >= warmup:
+                record(kind, dt, f)
+        d.release()
+    cols = ["kind", *BatchFeatures._fields, "time_s"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def profile_to_csv(engine: VLLMEngine, path: str, **kw: Any) -> pd.DataFrame:
+    df = profile(engine, **kw)
+    df.to_csv(path, index=False)
+    return df
