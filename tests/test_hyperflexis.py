@@ -224,3 +224,43 @@ def test_attainment_at_least_round_robin_at_high_load(scenario, rate):
     hf = _sim(w).run().result().summary
     assert rr["attainment"] < 0.95, "the load is not high enough for the comparison to mean anything"
     assert hf["attainment"] >= rr["attainment"]
+
+
+# ---------------------------------------------------------------------------------------------- environments
+def _play_expert(env):
+    done, info, actions = False, {}, []
+    while not done:
+        a = env.unwrapped.expert_action()
+        assert env.action_space.contains(a)
+        actions.append(a)
+        _, _, done, _, info = env.step(a)
+    return actions, info
+
+
+def test_admission_env_expert_replays_hyperflexis_with_rejections():
+    import gymnasium as gym
+
+    import slogym  # noqa: F401
+
+    env = gym.make("slogym/Admission-v0", scenario="hyperflexis-2task", rate_scale=5.0, n_instances=2,
+                   episode=300, seed=0, pool_requests=900, policy="hyperflexis")
+    env.reset(seed=1)
+    actions, info = _play_expert(env)
+    u = env.unwrapped
+    assert 2 in actions and 0 in actions, "at 5x load the TTFT-probability admission must reject some requests"
+    native = Simulator(u.sim.w, u.engine, make_policy("hyperflexis", u.engine), u.n_instances, seed=u.sim.seed).run()
+    assert u.sim.result().records.equals(native.result().records)
+    assert info["summary"]["outcomes"]["rejected"] == actions.count(2)
+
+
+def test_routing_env_expert_uses_the_dispatcher():
+    import gymnasium as gym
+
+    import slogym  # noqa: F401
+
+    env = gym.make("slogym/Routing-v0", scenario="hyperflexis-4task", rate_scale=1.0, n_instances=3,
+                   episode=200, seed=0, pool_requests=600, policy="hyperflexis")
+    env.reset(seed=2)
+    actions, info = _play_expert(env)
+    assert sum(info["summary"]["outcomes"].values()) == 200
+    assert len(set(a for a in actions if a < 3)) == 3, "the maturity queue spreads load over every worker"

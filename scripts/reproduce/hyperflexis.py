@@ -1,8 +1,8 @@
 """Reproduce HyperFlexis §8.1 (Fig. 3 collocated, Fig. 4 P/D): SLO attainment, end-to-end latency and cost across
 QPS on the 4-task and 2-task sets, against round-robin (RR), SA and RR-PD, with and without scaling.
 
-    .venv/bin/python scripts/reproduce/hyperflexis.py                 # full: 2 scenarios x 5 loads, 1200 requests
-    .venv/bin/python scripts/reproduce/hyperflexis.py --quick         # reduced: 2 loads, 600 requests, no SA
+    .venv/bin/python scripts/reproduce/hyperflexis.py                 # full: 2 scenarios x 5 loads, 4000 requests
+    .venv/bin/python scripts/reproduce/hyperflexis.py --quick         # reduced: 2 loads, 2000 requests
 
 Load is given as multiples of the scenario's calibrated per-replica rate times the cluster size (``--loads``).
 The static systems run ``--instances`` replicas (P/D: half prefill, half decode); the scaling variants start from
@@ -57,18 +57,17 @@ def run_one(policy: str, scenario: str, rate: float, n_requests: int, n_instance
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenarios", nargs="+", default=["hyperflexis-4task", "hyperflexis-2task"])
-    ap.add_argument("--loads", nargs="+", type=float, default=[0.6, 0.9, 1.2, 1.5, 1.8],
+    ap.add_argument("--loads", nargs="+", type=float, default=[1.0, 1.5, 2.0, 2.5, 3.0],
                     help="multiples of the scenario's calibrated per-replica rate x instances")
-    ap.add_argument("--requests", type=int, default=1200)
+    ap.add_argument("--requests", type=int, default=4000)
     ap.add_argument("--instances", type=int, default=4)
     ap.add_argument("--engine", default="llama3-8b-h100")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--policies", nargs="+", default=COLOCATED + PD)
-    ap.add_argument("--quick", action="store_true", help="reduced run: loads 0.9 1.5, 600 requests, no SA")
+    ap.add_argument("--quick", action="store_true", help="reduced run: loads 1.0 2.0, 2000 requests")
     args = ap.parse_args(argv)
     if args.quick:
-        args.loads, args.requests = [0.9, 1.5], 600
-        args.policies = [p for p in args.policies if p != "sa"]
+        args.loads, args.requests = [1.0, 2.0], 2000
     engine = get_engine(args.engine)
     print(f"engine {args.engine}, {args.instances} instances, {args.requests} requests per run, seed {args.seed}")
     print(f"{'scenario':18s} {'load':>4s} {'qps':>6s} {'policy':24s} {'attain':>7s} {'e2e_s':>7s} {'cost_is':>8s} "

@@ -143,9 +143,11 @@ def ttft_probability(waited: float, ttft: float, remaining: float, utilization: 
     The formula is not in the text; reconstructed as a normal prediction error whose spread grows with the
     prediction and with the worker's load: ``P = Phi((TTFT - waited - remaining) / (cv * (1 + u) * remaining))``.
     """
-    slack = ttft - waited - remaining
     if ttft == INF:
         return 1.0
+    if remaining == INF:
+        return 0.0
+    slack = ttft - waited - remaining
     sigma = cv * (1.0 + utilization) * remaining
     if sigma <= 0.0:
         return 1.0 if slack >= 0.0 else 0.0
