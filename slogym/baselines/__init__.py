@@ -50,6 +50,9 @@ PAPER_POLICIES: dict[str, str] = {
        ("tempo", "tempo-precise", "tempo-sjf", "tempo-no-graph", "tempo-no-predictor")},
     **{name: "slogym.baselines.slos_serve" for name in
        ("slos-serve", "slos-serve-no-spec", "slos-serve-no-dbs", "slos-serve-no-admission")},
+    **{name: "slogym.baselines.polyserve" for name in
+       ("polyserve-co", "polyserve-pd", "polyserve-co-random", "polyserve-co-minimal", "polyserve-co-chunk",
+        "polyserve-pd-random", "polyserve-pd-minimal")},
 }
 """Policies built by a paper module's ``POLICIES`` factories (``f(engine, **params) -> Policy``)."""
 
@@ -75,6 +78,14 @@ POLICY_DESCRIPTIONS: dict[str, str] = {
     "slos-serve-no-spec": "SLOs-Serve without speculative decoding (Fig. 14 ablation)",
     "slos-serve-no-dbs": "SLOs-Serve without dynamic batch sizing: fixed tightest-TPOT batches (Fig. 14 ablation)",
     "slos-serve-no-admission": "SLOs-Serve admitting every request (Fig. 14 ablation)",
+    "polyserve-co": "PolyServe co-located: TPOT tiers, highest-load attainable routing, lazy promotion, "
+                    "tier autoscaling, profile-table admission (Zhu et al. 2025)",
+    "polyserve-pd": "PolyServe prefill-decode disaggregated (Zhu et al. 2025)",
+    "polyserve-co-random": "PolyServe's CO-Random baseline: random instance, profile token budget",
+    "polyserve-co-minimal": "PolyServe's CO-Minimal baseline: lowest predicted cycle time instance",
+    "polyserve-co-chunk": "PolyServe's CO-Chunk baseline: static token budget, lowest cycle time instance",
+    "polyserve-pd-random": "PolyServe's PD-Random baseline: random prefill and decode instances",
+    "polyserve-pd-minimal": "PolyServe's PD-Minimal baseline: lowest cycle time prefill and decode instances",
     "round-robin": "round-robin router + vLLM FCFS",
     "random": "random router + vLLM FCFS",
     "least-load": "least-outstanding-tokens router + vLLM FCFS",

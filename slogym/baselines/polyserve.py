@@ -1,0 +1,675 @@
+"""PolyServe: efficient multi-SLO serving at scale (Zhu et al. 2025), co-located (CO) variant and baselines.
+
+The extracted paper lost most formula symbols; what this module assumes is stated where it is used.
+
+**Request binning (§4.2).** Requests are binned by their TPOT SLO into *tiers* (the workload's distinct finite TPOT
+values, tightest first; §5.1 uses 20/30/50/100 ms). A request whose TPOT lies between two tiers goes to the tighter
+one; best-effort requests (no SLO) form the loosest bin. Every instance carries a *label*: one tier, the
+best-effort pool (``POOL``, idle servers), or the pending list (``PENDING``, §4.4). The labels are policy state
+(mirrored into ``sim.set_pool`` when the cluster API provides it).
+
+**Routing: highest-load but still SLO-attainable (§4.1, §4.3, §4.5-4.7).** For an arriving request of tier ``t`` the
+router evaluates every candidate instance at once (NumPy arrays over instances, :class:`Fleet`) and places the
+request on the *highest-load* one that passes the admission test, building the load gradient that lets the last
+server of a tier empty out. Load = the profile-table time of the instance's current decode batch. Candidates, in
+order, until one admits:
+
+1. instances of tier ``t``;
+2. *lazy promotion* (§4.4): instances of tighter tiers ``t-1, ..., 0`` (nearest first), only because tier ``t``
+   is full -- a request never goes to an instance of a looser tier;
+3. *scale-up* (§4.3): an instance of the pending list whose residents are all of tier ``>= t`` (the paper lets it
+   "join the cluster serving the corresponding SLO as per the request inside"), or an idle instance of the
+   best-effort pool; it is relabelled ``t``;
+4. otherwise the request pends (``DEFER``: the cluster's global queue, retried when a request finishes). Once its
+   TTFT can no longer be met even by an idle server it is demoted to best effort (served last; it counts as an SLO
+   miss) rather than left pending forever.
+
+**Admission test (§4.5 profile-based batch formation, §4.6 wait time, §4.7 continuous chunked-prefill
+prediction).** Iteration time is predicted from a *profile table* (batch size x KV-cache size -> time; built by
+:func:`profile_table` from the engine preset, ``table`` perf family). The output length of every request is
+predicted as the *average decode length*. The router simulates the future iterations of the instance with the
+new request: every resident grows by one token per iteration until its predicted end; the largest KV size
+reached (``kv_peak``, computed exactly and vectorized by :func:`future_kv_peak`) and the token batch size give
+the predicted iteration time, which must stay within the host's TPOT (the host's TPOT is its tier's; lazy promotion
+makes a looser request obey the tighter host). Deadline-based SLOs (DSLO, §2.3: the ``k``-th token is due at
+``arrival + TTFT + k * TPOT``) absorb single iterations that exceed the TPOT. For TTFT (co-location, §4.7): the
+chunk size the host can keep *for the whole prefill* is the token budget at ``kv_peak`` minus the decode batch;
+the first token is predicted at ``wait + ceil((queued prefill tokens + prompt) / chunk)`` iterations, where
+``wait`` is the rest of the host's current iteration (§4.6), and must be before the TTFT deadline. Otherwise the
+router looks at other, lower-load machines (as the paper says).
+
+**Batch formation on an instance (§2.4, §4.5).** Decode-first chunked prefill (Sarathi's loop, reused from
+:mod:`slogym.baselines.common`): every running decode runs; the rest of a *token budget* is filled with prefill
+chunks in TTFT-deadline order (demoted / best-effort requests last). PolyServe's budget is profile-based: the
+largest token batch whose predicted time at the current KV size stays within the instance's operating TPOT (its
+label's TPOT, or the tightest resident's if tighter). CO-Chunk instead uses a static budget.
+
+**Auto-scaling on a fixed fleet (§4.3-4.4).** Deviation: the paper moves servers between tiers and a best-effort
+pool that runs the same model ("scaling happens instantly"). slogym realises this on a fixed set of instances by
+re-labelling idle instances -- no cold start is needed or modelled, and no best-effort work is aborted (an instance
+joins a tier only when it is empty or holds only looser/best-effort requests). :class:`PolyServeScaler` checks the
+*last* instance of every tier each ``interval``: empty -> back to the pool; holding no request of its own tier
+(only promoted ones) -> the pending list; a pending instance that empties -> the pool. Cost (§3.3, §5.4) is
+the instance-seconds spent outside the pool (:meth:`Fleet.instance_seconds`).
+
+**Baselines (§5.1).** CO-Random: uniformly random instance. CO-Minimal: the instance with the lowest predicted
+cycle (iteration) time. Both admit everything and form batches with the same profile budget at the tightest
+resident TPOT (only routing differs from PolyServe). CO-Chunk: CO-Minimal routing with a static token budget
+(the paper sweeps it and keeps the best; ``scripts/reproduce/polyserve.py`` does the sweep).
+
+Deviations: the future-growth simulation starts every resident from its full known length (prompt tokens not yet
+prefilled counted as resident KV) -- conservative; the per-instance state the router reads is refreshed at every
+batch formation and on every placement, so it is at most one iteration old; batches are never ``steady`` (the
+router reads per-iteration state, so fast-forward would hide it); the pending retry order is the simulator's
+(FCFS over the global queue).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from slogym.baselines.common import (batch_of, fill_prefill_chunks, make_room_for_decodes, split_running,
+                                     unstick)
+from slogym.core.batch import Batch, BatchFeatures
+from slogym.core.instance import Instance
+from slogym.core.policy import BEST_EFFORT, DEFER, Policy, Router, Scaler, Scheduler
+from slogym.core.state import Status
+from slogym.engines.perf_models import TablePerf
+
+if TYPE_CHECKING:
+    from slogym.core.simulator import Simulator
+
+INF = float("inf")
+MAX_TIERS = 8
+
+
+# ============================================================================ profile table (§4.5)
+@dataclass(frozen=True)
+class ProfileTable:
+    """PolyServe's profile map (token batch size x KV-cache tokens -> iteration time), with its inverse.
+
+    ``perf`` is the ``table`` perf family (bilinear interpolation) used for forward predictions; ``tokens``,
+    ``kv`` and ``times`` are its grid, kept for :meth:`token_budget` (the inverse along the token axis).
+    """
+
+    perf: TablePerf
+    tokens: np.ndarray
+    kv: np.ndarray
+    times: np.ndarray
+
+    def time(self, tokens: np.ndarray, kv: np.ndarray) -> np.ndarray:
+        """Predicted iteration time of batches of ``tokens`` tokens reading ``kv`` KV tokens (vectorized)."""
+        t, k = np.broadcast_arrays(np.asarray(tokens, np.int64), np.asarray(kv, np.int64))
+        z = np.zeros_like(t)
+        return self.perf.batch_time(BatchFeatures(z, z, z, z, t, t, k, k, z))
+
+    def time_one(self, tokens: int, kv: int) -> float:
+        """:meth:`time` of one batch (the perf model's scalar path, bit-identical)."""
+        return self.perf.batch_time_one(BatchFeatures(0, 0, 0, 0, int(tokens), int(tokens), int(kv), int(kv), 0))
+
+    def token_budget(self, kv: np.ndarray, tpot: np.ndarray) -> np.ndarray:
+        """Largest token batch whose predicted time at KV size ``kv`` stays within ``tpot`` (vectorized; 0 when
+        not even one token fits; the grid's largest value when everything fits)."""
+        kv = np.atleast_1d(np.asarray(kv, np.float64))
+        tpot = np.broadcast_to(np.asarray(tpot, np.float64), kv.shape)
+        kg, tg = self.kv, self.tokens
+        j = np.clip(np.searchsorted(kg, kv, side="right") - 1, 0, kg.size - 2)
+        w = np.maximum((kv - kg[j]) / (kg[j + 1] - kg[j]), 0.0)
+        col = self.times[:, j] + (self.times[:, j + 1] - self.times[:, j]) * w  # (n_tokens_grid, n)
+        k = (col <= tpot).sum(axis=0)                                          # times rise with tokens
+        lo = np.clip(k - 1, 0, tg.size - 2)
+        c0 = col[lo, np.arange(kv.size)]
+        c1 = col[lo + 1, np.arange(kv.size)]
+        frac = np.clip((tpot - c0) / np.maximum(c1 - c0, 1e-12), 0.0, 1.0)
+        inner = tg[lo] + frac * (tg[lo + 1] - tg[lo])
+        return np.where(k == 0, 0.0, np.where(k >= tg.size, tg[-1], inner)).astype(np.int64)
+
+    def token_budget_one(self, kv: int, tpot: float) -> int:
+        """:meth:`token_budget` of one instance."""
+        return int(self.token_budget(np.array([kv]), np.array([tpot]))[0])
+
+
+def profile_table(engine: Any, kv_points: int = 33) -> ProfileTable:
+    """Profile ``engine`` (anything with ``batch_time``, ``kv_capacity_tokens``, ``max_num_seqs``,
+    ``max_num_batched_tokens``) into a PolyServe table.
+
+    The "profiling run" evaluates the engine's own perf model on a grid: token batch sizes 1..2x
+    ``max_num_batched_tokens`` (powers of two and midpoints) x KV sizes 0..capacity (``kv_points`` even steps).
+    A token batch of ``T`` tokens is profiled as ``min(T, max_num_seqs)`` decodes reading all ``kv`` KV tokens
+    plus the rest as one prefill chunk without past (PolyServe neglects prefill attention, §4.5).
+    """
+    top = 2 * int(engine.max_num_batched_tokens)
+    pts = {1}
+    p = 2
+    while p <= top:
+        pts.update((p, p + p // 2))
+        p *= 2
+    tokens = np.array(sorted(x for x in pts if x <= top), np.int64)
+    kv = np.linspace(0, int(engine.kv_capacity_tokens), kv_points).astype(np.int64)
+    kv = np.unique(kv)
+    T, K = np.meshgrid(tokens, kv, indexing="ij")
+    dec = np.minimum(T, int(engine.max_num_seqs))
+    pre = T - dec
+    f = BatchFeatures.build(prefill_tokens=pre.ravel(), prefill_seqs=(pre > 0).ravel().astype(np.int64),
+                            prefill_attn=(pre * pre).ravel(), prefill_sq=(pre * pre).ravel(),
+                            decode_seqs=dec.ravel(), decode_tokens=dec.ravel(), decode_ctx=K.ravel(),
+                            kv_tokens=(K + pre).ravel())
+    times = np.asarray(engine.batch_time(f), np.float64).reshape(T.shape)
+    times = np.maximum.accumulate(times, axis=0)  # monotone in tokens, as the inverse needs
+    return ProfileTable(TablePerf(tokens.astype(float), kv.astype(float), times), tokens.astype(np.float64),
+                        kv.astype(np.float64), times)
+
+
+@lru_cache(maxsize=16)
+def _cached_table(engine: Any) -> ProfileTable:
+    return profile_table(engine)
+
+
+def table_for(engine: Any) -> ProfileTable:
+    """The profile table of ``engine`` (cached per engine object)."""
+    try:
+        return _cached_table(engine)
+    except TypeError:  # unhashable engine object
+        return profile_table(engine)
+
+
+# ============================================================================ future KV growth (§4.5)
+def future_kv_peak(rem: np.ndarray, csum: np.ndarray, n: np.ndarray, c0: int, r0: int) -> np.ndarray:
+    """Largest KV size each instance reaches when a request of context ``c0`` and predicted remaining length
+    ``r0`` joins it, simulating the future iterations (§4.5: "simulates future iterations and computes the
+    maximum KV cache size as requests grow in length, and exits when finished").
+
+    Row ``i`` describes instance ``i``'s ``n[i]`` residents sorted by predicted remaining tokens, descending:
+    ``rem[i, :n[i]]`` and the prefix sums of their contexts ``csum[i, :n[i]]``. After ``k`` more iterations a
+    resident with remaining ``r`` and context ``c`` holds ``c + k`` tokens while ``r > k``. The KV size rises
+    between finishes and drops at them, so its maximum is reached at ``k = r - 1`` for some resident (or the new
+    request): at ``k = rem[m] - 1`` the first ``m + 1`` residents are alive (prefix sum + ``(m+1) * k``; a tie
+    group evaluated at its last member), plus the new request when ``r0 >= rem[m]``. Exact for the model, and
+    one vectorized pass over all instances.
+    """
+    n_inst = rem.shape[0]
+    if rem.shape[1] == 0:
+        return np.full(n_inst, c0 + r0 - 1, np.int64)
+    m1 = np.arange(1, rem.shape[1] + 1)
+    valid = m1[None, :] <= n[:, None]
+    k = rem - 1
+    val = csum + m1 * k + np.where(rem <= r0, c0 + k, 0)
+    best = np.where(valid, val, -1).max(axis=1)
+    u = (valid & (rem >= r0)).sum(axis=1)
+    su = np.where(u > 0, csum[np.arange(n_inst), np.maximum(u - 1, 0)], 0)
+    own = su + u * (r0 - 1) + c0 + r0 - 1
+    return np.maximum(best, own)
+
+
+# ============================================================================ per-instance state
+class Fleet:
+    """Per-instance arrays the router decides on (vectorized over instances), refreshed by the scheduler at each
+    batch formation and by the router at each placement.
+
+    label      tier index, ``POOL`` (= n_tiers + 1: best-effort pool, idle) or ``PENDING`` (= n_tiers + 2)
+    n_res      resident requests (running + waiting);  kv_now  their known length sum (KV at the next step)
+    q_pre      prompt tokens still to prefill after the iteration in flight
+    busy_until predicted end of the iteration in flight (profile table; §4.6 wait time)
+    res_tier   (n_inst, n_tiers + 1) residents per request tier (the last column: best effort)
+    rem, csum  residents sorted by predicted remaining tokens (desc) and prefix sums of their lengths
+    """
+
+    def __init__(self, sim: "Simulator", table: ProfileTable, tiers: np.ndarray, avg_len: float) -> None:
+        n = len(sim.instances)
+        w = sim.w
+        self.sim, self.table, self.tiers, self.avg_len = sim, table, tiers, float(avg_len)
+        self.n_tiers = tiers.size
+        self.POOL, self.PENDING = self.n_tiers + 1, self.n_tiers + 2
+        # TPOT each label imposes: tiers, best effort (none), pool (none), pending (its residents decide)
+        self.label_tpot = np.concatenate((tiers, [INF, INF, INF]))
+        self.rtier = request_tiers(w.min_tpot, w.best_effort, tiers)
+        self.rtpot = np.minimum(w.min_tpot, INF)
+        self.label = np.full(n, self.POOL, np.int64)
+        self.n_res = np.zeros(n, np.int64)
+        self.kv_now = np.zeros(n, np.int64)
+        self.q_pre = np.zeros(n, np.int64)
+        self.busy_until = np.zeros(n)
+        self.checked = np.zeros(n, bool)
+        self.res_tier = np.zeros((n, self.n_tiers + 1), np.int64)
+        self.cap = np.array([i.total_blocks * i.block_size for i in sim.instances], np.int64)
+        self.max_seqs = np.array([int(getattr(i.engine, "max_num_seqs", 1 << 30)) for i in sim.instances])
+        self.width = 64
+        self.rem = np.zeros((n, self.width), np.int64)
+        self.csum = np.zeros((n, self.width), np.int64)
+        self.joined: list[list[int]] = [[] for _ in range(self.n_tiers + 1)]
+        self.use_since = np.full(n, np.nan)
+        self.used_seconds = np.zeros(n)
+
+    # ---------------------------------------------------------------- refresh
+    def predicted_remaining(self, reqs: np.ndarray) -> np.ndarray:
+        """Average decode length minus tokens generated so far, at least 1 (§4.5's output-length prediction)."""
+        return np.maximum(np.int64(self.avg_len) - self.sim.rs.generated[reqs], 1)
+
+    def observe(self, inst: Instance, now: float, busy: float | None = 0.0, chunk_tokens: int = 0) -> None:
+        """Refresh instance ``inst``'s row from its residents (at batch formation with the predicted iteration
+        time ``busy``; with ``busy=None`` when re-read between formations, keeping the predicted end)."""
+        rs, j = self.sim.rs, inst.id
+        res = np.array(inst.running + inst.waiting, np.int64)
+        n = res.size
+        self.n_res[j] = n
+        if busy is not None:
+            self.busy_until[j] = now + busy
+            self.checked[j] = False
+        if not n:
+            self.kv_now[j] = self.q_pre[j] = 0
+            self.res_tier[j] = 0
+            return
+        ctx = rs.num_tokens[res]
+        rem = self.predicted_remaining(res)
+        order = np.argsort(-rem, kind="stable")
+        self._fit(n)
+        self.rem[j, :n] = rem[order]
+        self.csum[j, :n] = np.cumsum(ctx[order])
+        self.kv_now[j] = int(self.csum[j, n - 1])
+        self.q_pre[j] = int((ctx - rs.num_computed[res]).sum()) - chunk_tokens
+        self.res_tier[j] = np.bincount(self.rtier[res], minlength=self.n_tiers + 1)
+
+    def place(self, j: int, r: int, ctx: int) -> None:
+        """Request ``r`` (``ctx`` tokens to prefill) joins instance ``j``: insert it into the row at once so the
+        next arrival inside the same iteration sees it."""
+        n = int(self.n_res[j])
+        self._fit(n + 1)
+        r0 = int(self.avg_len) if self.avg_len >= 1 else 1
+        row, cs = self.rem[j], self.csum[j]
+        pos = int(np.searchsorted(-row[:n], -r0, side="right"))
+        row[pos + 1:n + 1] = row[pos:n].copy()
+        cs[pos + 1:n + 1] = cs[pos:n] + ctx
+        row[pos] = r0
+        cs[pos] = (cs[pos - 1] if pos else 0) + ctx
+        self.n_res[j] = n + 1
+        self.kv_now[j] += ctx
+        self.q_pre[j] += ctx
+        self.res_tier[j, self.rtier[r]] += 1
+
+    def _fit(self, n: int) -> None:
+        if n > self.width:
+            grow = max(n, 2 * self.width) - self.width
+            self.rem = np.pad(self.rem, ((0, 0), (0, grow)))
+            self.csum = np.pad(self.csum, ((0, 0), (0, grow)))
+            self.width += grow
+
+    def refresh_stale(self, now: float) -> None:
+        """Instances whose predicted iteration ended with residents left and no new batch formed since: their
+        residents may have finished (an instance that empties is not scheduled again). Re-read those."""
+        stale = np.flatnonzero((self.busy_until < now) & (self.n_res > 0) & ~self.checked)
+        for j in stale.tolist():
+            self.observe(self.sim.instances[j], now, None)
+            self.checked[j] = True  # once per formed batch: an iteration may outlast its prediction
+
+    def resync(self, now: float) -> bool:
+        """Re-read every instance whose resident count changed since its row was written (finishes are seen
+        only at the next batch formation; a pending request retried at a finish must see it). True if any."""
+        actual = np.fromiter((i.n_resident for i in self.sim.instances), np.int64, len(self.sim.instances))
+        diff = np.flatnonzero(actual != self.n_res)
+        for j in diff.tolist():
+            self.observe(self.sim.instances[j], now, None)
+        return bool(diff.size)
+
+    # ---------------------------------------------------------------- labels and cost
+    def relabel(self, j: int, label: int, now: float) -> None:
+        """Move instance ``j`` to a tier, the pool or the pending list (§4.3-4.4)."""
+        old = int(self.label[j])
+        if old == label:
+            return
+        if old < self.n_tiers and j in self.joined[old]:
+            self.joined[old].remove(j)
+        if label < self.n_tiers:
+            self.joined[label].append(j)
+        if old == self.POOL:
+            self.use_since[j] = now
+        elif label == self.POOL and not np.isnan(self.use_since[j]):
+            self.used_seconds[j] += now - self.use_since[j]
+            self.use_since[j] = np.nan
+        self.label[j] = label
+        set_pool = getattr(self.sim, "set_pool", None)
+        if set_pool is not None:
+            set_pool(j, label)
+
+    def instance_seconds(self, end: float) -> float:
+        """Instance-seconds spent outside the best-effort pool up to ``end`` (PolyServe's cost, §5.4)."""
+        live = np.where(np.isnan(self.use_since), 0.0, end - np.nan_to_num(self.use_since))
+        return float(self.used_seconds.sum() + live.sum())
+
+    def operating_tpot(self, j: int, res: np.ndarray) -> float:
+        """TPOT instance ``j`` must hold: its label's, or the tightest resident's when tighter (demoted requests
+        have no SLO left to hold)."""
+        own = float(self.label_tpot[self.label[j]])
+        if not res.size:
+            return own
+        return min(own, float(np.where(self.sim.rs.be[res], INF, self.rtpot[res]).min()))
+
+    def cycle_time(self, idx: np.ndarray | slice = slice(None)) -> np.ndarray:
+        """Predicted time of each instance's current decode batch (the load, and Minimal's cycle time)."""
+        return np.where(self.n_res[idx] > 0, self.table.time(self.n_res[idx], self.kv_now[idx]), 0.0)
+
+
+def request_tiers(min_tpot: np.ndarray, best_effort: np.ndarray, tiers: np.ndarray) -> np.ndarray:
+    """Tier index per request (§4.2): the loosest tier whose TPOT is <= the request's (so a request between two
+    tiers is served at the tighter one), 0 when tighter than every tier, ``len(tiers)`` for best effort and for
+    requests without a TPOT SLO."""
+    idx = np.maximum(np.searchsorted(tiers, min_tpot, side="right") - 1, 0)
+    loose = best_effort | ~np.isfinite(min_tpot)
+    return np.where(loose, tiers.size, idx).astype(np.int64)
+
+
+def workload_tiers(min_tpot: np.ndarray, best_effort: np.ndarray) -> np.ndarray:
+    """The workload's distinct finite TPOT SLOs (at most ``MAX_TIERS``: beyond, their quantiles)."""
+    vals = np.unique(min_tpot[np.isfinite(min_tpot) & ~best_effort])
+    if vals.size > MAX_TIERS:
+        vals = np.unique(np.quantile(vals, np.linspace(0, 1, MAX_TIERS), method="lower"))
+    return vals.astype(np.float64)
+
+
+class PolyCore:
+    """State shared by a PolyServe policy's router, scheduler and scaler for one run."""
+
+    def __init__(self, tiers: tuple[float, ...] | None = None, avg_decode_len: float | None = None) -> None:
+        if avg_decode_len is not None and not avg_decode_len >= 1:
+            raise ValueError(f"avg_decode_len={avg_decode_len!r}; must be >= 1 token")
+        if tiers is not None and (not len(tiers) or any(not (t > 0) for t in tiers)):
+            raise ValueError(f"tiers={tiers!r}; must be positive TPOTs in seconds")
+        self.tiers = tiers
+        self.avg_decode_len = avg_decode_len
+        self.sim: "Simulator | None" = None
+
+    def reset(self, sim: "Simulator") -> None:
+        w = sim.w
+        tiers = np.array(sorted(self.tiers), np.float64) if self.tiers else workload_tiers(w.min_tpot,
+                                                                                           w.best_effort)
+        avg = self.avg_decode_len or (float(w.output_tokens.mean()) if len(w) else 1.0)
+        self.fleet = Fleet(sim, table_for(sim.instances[0].engine), tiers, max(avg, 1.0))
+        self.sim = sim
+
+    def ensure(self, sim: "Simulator") -> "Fleet":
+        if self.sim is not sim:
+            self.reset(sim)
+        return self.fleet
+
+
+# ============================================================================ batch formation
+class PolyScheduler(Scheduler):
+    """Decode-first chunked prefill with a profile-based token budget (§4.5), or a static one (CO-Chunk).
+
+    ``token_budget=None``: the budget is the largest token batch whose profile-table time at the instance's current
+    KV size stays within its operating TPOT (at least ``min_chunk`` tokens beyond the decodes, so prefills always
+    progress). Prefill chunks go to candidates in TTFT-deadline order, demoted / best-effort ones last.
+    """
+
+    def __init__(self, core: PolyCore, token_budget: int | None = None, min_chunk: int = 32,
+                 max_num_seqs: int = 256) -> None:
+        if token_budget is not None and token_budget < 1:
+            raise ValueError(f"token_budget={token_budget!r}; must be >= 1 (or None for the profile budget)")
+        if min_chunk < 1 or max_num_seqs < 1:
+            raise ValueError(f"min_chunk={min_chunk!r} and max_num_seqs={max_num_seqs!r} must be >= 1")
+        self.core, self.token_budget, self.min_chunk, self.max_num_seqs = core, token_budget, min_chunk, max_num_seqs
+
+    def reset(self, sim: "Simulator") -> None:
+        self.core.ensure(sim)
+
+    def _deadline_order(self, inst: Instance, cands: list[int]) -> list[int]:
+        if len(cands) < 2:
+            return cands
+        rs, w = inst.sim.rs, inst.sim.w
+        c = np.array(cands, np.int64)
+        dl = rs.ready[c] + w.stage_ttft[rs.stage[c]]
+        dl = np.where(rs.be[c], INF, dl)
+        return c[np.lexsort((w.arrival[c], dl))].tolist()
+
+    def next_batch(self, inst: Instance, now: float) -> Batch | None:
+        fleet = self.core.fleet
+        dec, pre = split_running(inst)
+        if not (dec.size or pre.size or inst.waiting):
+            fleet.observe(inst, now)
+            return None
+        rs, w = inst.sim.rs, inst.sim.w
+
+        def victim_key(r: int) -> float:  # latest next deadline first; demoted / best-effort before all
+            return INF if rs.be[r] else float(rs.next_deadline(w, np.array([r]))[0])
+
+        victims: list[int] = []
+        free = inst.free_blocks
+        if dec.size:
+            dec, victims, free = make_room_for_decodes(inst, dec, victim_key)
+            if victims:
+                pre = np.array([r for r in pre.tolist() if r not in victims], dtype=np.int64)
+        kv_now = (inst.total_blocks - inst.free_blocks) * inst.block_size
+        if self.token_budget is None:
+            tpot = fleet.operating_tpot(inst.id, np.array(inst.running + inst.waiting, np.int64))
+            budget = max(fleet.table.token_budget_one(kv_now, tpot), dec.size + self.min_chunk)
+        else:
+            budget = self.token_budget
+        cands = self._deadline_order(inst, pre.tolist() + [r for r in inst.waiting if r not in victims])
+        reqs, toks, _, _ = fill_prefill_chunks(inst, cands, budget - dec.size, free, self.max_num_seqs - dec.size)
+        n_tok = dec.size + sum(toks)
+        fleet.observe(inst, now, fleet.table.time_one(n_tok, kv_now + n_tok), sum(toks))
+        if not reqs:
+            if not dec.size and not victims:
+                return unstick(inst, victim_key)
+            return batch_of(dec, np.ones(dec.size, np.int64), victims)
+        return batch_of(np.concatenate((dec, reqs)), np.concatenate((np.ones(dec.size, np.int64), toks)), victims)
+
+
+# ============================================================================ routing
+@dataclass
+class Verdict:
+    """Admission of one request on candidate instances (arrays over the candidates)."""
+
+    ok: np.ndarray
+    load: np.ndarray
+    kv_peak: np.ndarray
+    first_token: np.ndarray
+
+
+class _FleetRouter(Router):
+    """Base of the routers reading a :class:`Fleet` (PolyServe, Random, Minimal)."""
+
+    def __init__(self, core: PolyCore) -> None:
+        self.core = core
+        self.decisions = 0
+
+    def reset(self, sim: "Simulator") -> None:
+        self.core.reset(sim)
+        self.decisions = 0
+
+    def _commit(self, r: int, j: int, sim: "Simulator") -> int:
+        rs = sim.rs
+        self.core.fleet.place(j, r, int(rs.num_tokens[r] - rs.num_computed[r]))
+        return j
+
+
+class RandomRouter(_FleetRouter):
+    """CO-Random / PD-Random (§5.1): a uniformly random instance (seeded by the run's seed)."""
+
+    def reset(self, sim: "Simulator") -> None:
+        super().reset(sim)
+        self._rng = np.random.default_rng(sim.seed + 7919)
+
+    def route(self, req: int, sim: "Simulator", now: float) -> int:
+        self.decisions += 1
+        return self._commit(req, int(self._rng.integers(len(sim.instances))), sim)
+
+
+class MinimalRouter(_FleetRouter):
+    """CO-Minimal / PD-Minimal (§5.1): the instance with the lowest predicted cycle time (ties: lowest index)."""
+
+    def route(self, req: int, sim: "Simulator", now: float) -> int:
+        self.decisions += 1
+        fleet = self.core.fleet
+        fleet.refresh_stale(now)
+        return self._commit(req, int(np.argmin(fleet.cycle_time())), sim)
+
+
+class PolyServeRouter(_FleetRouter):
+    """PolyServe's tiered router (§4.1-4.7; see the module docstring for the full rule)."""
+
+    def admission(self, j: np.ndarray, r: int, now: float, host_tpot: np.ndarray) -> Verdict:
+        """Admission of request ``r`` on instances ``j`` whose operating TPOT would be ``host_tpot``.
+
+        TPOT: profile time of the decode batch (residents + 1) at the predicted peak KV <= host TPOT (§4.5).
+        TTFT: continuous chunked-prefill prediction (§4.7, co-location) with the wait time (§4.6): the chunk that
+        fits beside that decode batch at the peak KV, for the whole prefill, must finish the queued prefill tokens
+        and this prompt before the TTFT deadline. KV: the peak must fit in the instance's KV memory.
+        """
+        fleet, sim = self.core.fleet, self.core.sim
+        rs, w = sim.rs, sim.w
+        prompt = int(rs.num_tokens[r] - rs.num_computed[r])
+        ctx = int(rs.num_tokens[r])
+        r0 = max(int(fleet.avg_len) - int(rs.generated[r]), 1)
+        n = fleet.n_res[j]
+        width = int(n.max()) if n.size else 0
+        peak = future_kv_peak(fleet.rem[j, :width], fleet.csum[j, :width], n, ctx, r0)
+        batch = n + 1
+        t_dec = fleet.table.time(batch, peak)
+        chunk = fleet.table.token_budget(peak, host_tpot) - batch
+        todo = fleet.q_pre[j] + prompt
+        step = np.maximum(chunk, 1)
+        iters = -(-todo // step)
+        t_iter = fleet.table.time(batch + np.minimum(step, todo), peak)
+        wait = np.maximum(fleet.busy_until[j] - now, 0.0)
+        first = now + wait + iters * t_iter
+        deadline = rs.ready[r] + w.stage_ttft[rs.stage[r]]
+        ok = ((t_dec <= host_tpot) & (chunk >= 1) & (first <= deadline) & (peak <= fleet.cap[j])
+              & (batch <= fleet.max_seqs[j]))
+        return Verdict(ok, fleet.cycle_time(j), peak, first)
+
+    def _pick(self, j: np.ndarray, r: int, now: float, host_tpot: np.ndarray) -> int:
+        """The highest-load instance of ``j`` that admits ``r`` (ties: the first in ``j``), or -1."""
+        if not j.size:
+            return -1
+        v = self.admission(j, r, now, host_tpot)
+        if not v.ok.any():
+            return -1
+        return int(j[np.argmax(np.where(v.ok, v.load, -1.0))])
+
+    def route(self, req: int, sim: "Simulator", now: float) -> int:
+        self.decisions += 1
+        self.core.fleet.refresh_stale(now)
+        i = self._place(req, sim, now)
+        if i == DEFER and self.core.fleet.resync(now):
+            i = self._place(req, sim, now)
+        return i if i != DEFER else self._pend(req, sim, now)
+
+    def _place(self, req: int, sim: "Simulator", now: float) -> int:
+        """Steps 1-3 of the routing rule: an instance index, or DEFER."""
+        fleet = self.core.fleet
+        t = int(fleet.rtier[req])
+        label = fleet.label
+        # 1. own tier, 2. lazy promotion to tighter tiers, nearest first (never a looser one)
+        for host in range(min(t, fleet.n_tiers - 1), -1, -1) if t < fleet.n_tiers else \
+                [fleet.n_tiers, *range(fleet.n_tiers - 1, -1, -1)]:
+            j = np.flatnonzero(label == (fleet.POOL if host == fleet.n_tiers else host))
+            i = self._pick(j, req, now, np.full(j.size, fleet.label_tpot[host]))
+            if i >= 0:
+                return self._commit(req, i, sim)
+        if t == fleet.n_tiers:  # best effort: the pool and every tier are full
+            return DEFER
+        # 3. scale-up: a pending instance holding only tier >= t requests, or an idle pool instance
+        tighter = fleet.res_tier[:, :t].sum(axis=1) > 0
+        j = np.flatnonzero(((label == fleet.PENDING) & ~tighter) | ((label == fleet.POOL) & ~tighter))
+        i = self._pick(j, req, now, np.full(j.size, fleet.tiers[t]))
+        if i >= 0:
+            fleet.relabel(i, t, now)
+            return self._commit(req, i, sim)
+        return DEFER
+
+    def _pend(self, req: int, sim: "Simulator", now: float) -> int:
+        """Step 4: pend, unless even an idle server could no longer meet the TTFT (then: best effort)."""
+        fleet = self.core.fleet
+        t, label = int(fleet.rtier[req]), fleet.label
+        rs, w = sim.rs, sim.w
+        prompt = int(rs.num_tokens[req] - rs.num_computed[req])
+        idle = fleet.table.time_one(prompt, prompt)
+        if now + idle > rs.ready[req] + w.stage_ttft[rs.stage[req]]:
+            return BEST_EFFORT
+        if any(inst.n_resident for inst in sim.instances):
+            return DEFER  # a finish will offer it again
+        # an empty cluster will never retry it: its prediction (average length) is beyond one idle server; try
+        # anyway on the first idle instance of its tier or the pool
+        # (every instance is empty, so relabelling any of them to the request's tier is safe)
+        own, pool = np.flatnonzero(label == t), np.flatnonzero(label == fleet.POOL)
+        i = int(own[0]) if own.size else int(pool[0]) if pool.size else 0
+        if t < fleet.n_tiers:
+            fleet.relabel(i, t, now)
+        return self._commit(req, i, sim)
+
+    def best_effort_instance(self, req: int, sim: "Simulator", now: float) -> int:
+        """Demoted requests go to the pool (fewest residents), else to the loosest tier's least-loaded instance."""
+        fleet = self.core.fleet
+        pool = np.flatnonzero(fleet.label == fleet.POOL)
+        if pool.size:
+            return self._commit(req, int(pool[np.argmin(fleet.n_res[pool])]), sim)
+        order = np.lexsort((fleet.n_res, -np.minimum(fleet.label, fleet.n_tiers)))
+        return self._commit(req, int(order[0]), sim)
+
+
+# ============================================================================ auto-scaling (§4.3-4.4)
+class PolyServeScaler(Scaler):
+    """Every ``interval`` s: the last instance of each tier goes back to the pool when empty, to the pending list
+    when it holds no request of its own tier (§4.4); pending instances that emptied go to the pool."""
+
+    def __init__(self, core: PolyCore, interval: float = 0.1) -> None:
+        if not interval > 0:
+            raise ValueError(f"interval={interval!r}; must be > 0 seconds")
+        self.core, self.interval = core, interval
+
+    def reset(self, sim: "Simulator") -> None:
+        self.core.ensure(sim)
+
+    def decide(self, sim: "Simulator", now: float) -> None:
+        fleet = self.core.fleet
+        for t in range(fleet.n_tiers):
+            if not fleet.joined[t]:
+                continue
+            j = fleet.joined[t][-1]
+            inst = sim.instances[j]
+            if not inst.n_resident:
+                fleet.relabel(j, fleet.POOL, now)
+            elif not (fleet.rtier[inst.running + inst.waiting] == t).any():
+                fleet.relabel(j, fleet.PENDING, now)
+        for j in np.flatnonzero(fleet.label == fleet.PENDING).tolist():
+            if not sim.instances[j].n_resident:
+                fleet.relabel(j, fleet.POOL, now)
+
+
+# ============================================================================ registry
+def _max_seqs(engine: Any, params: dict[str, Any]) -> int:
+    return int(params.pop("max_num_seqs", getattr(engine, "max_num_seqs", 256) if engine is not None else 256))
+
+
+def _co(name: str, router: Callable[[PolyCore], Router], static: bool = False,
+        scaler: bool = False) -> Callable[..., Policy]:
+    def make(engine: Any = None, **params: Any) -> Policy:
+        p = dict(params)
+        core = PolyCore(p.pop("tiers", None), p.pop("avg_decode_len", None))
+        seqs = _max_seqs(engine, p)
+        budget = int(p.pop("token_budget", 512)) if static else None
+        sched = PolyScheduler(core, budget, int(p.pop("min_chunk", 32)), seqs)
+        sc = PolyServeScaler(core, float(p.pop("interval", 0.1))) if scaler else None
+        if p:
+            raise ValueError(f"{name}: unknown parameters {sorted(p)}")
+        info = {"scheduler": "PolyScheduler", "router": router.__name__, "token_budget": budget,
+                "max_num_seqs": seqs, "tiers": core.tiers, "avg_decode_len": core.avg_decode_len}
+        return Policy(name=name, scheduler=sched, router=router(core), scaler=sc, params=info)
+
+    return make
+
+
+POLICIES: dict[str, Callable[..., Policy]] = {
+    "polyserve-co": _co("polyserve-co", PolyServeRouter, scaler=True),
+    "polyserve-co-random": _co("polyserve-co-random", RandomRouter),
+    "polyserve-co-minimal": _co("polyserve-co-minimal", MinimalRouter),
+    "polyserve-co-chunk": _co("polyserve-co-chunk", MinimalRouter, static=True),
+    # until the simulator's prefill/decode roles land, the PD names run their CO counterparts
+    "polyserve-pd": _co("polyserve-pd", PolyServeRouter, scaler=True),
+    "polyserve-pd-random": _co("polyserve-pd-random", RandomRouter),
+    "polyserve-pd-minimal": _co("polyserve-pd-minimal", MinimalRouter),
+}
