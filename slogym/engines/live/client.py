@@ -201,9 +201,11 @@ class VLLMEngine:
         self.iterations += 1
         return reply
 
-    def abort(self, requests: list[int]) -> None:
-        """Abort ``requests`` in the engine (their KV is freed) without running a step."""
-        self._call({"cmd": "abort", "abort": list(requests)}, self.config.step_timeout, "abort")
+    def abort(self, requests: list[int]) -> int:
+        """Abort ``requests`` in the engine (their KV is freed) without running a step; returns the engine's
+        free KV blocks afterwards."""
+        reply = self._call({"cmd": "abort", "abort": list(requests)}, self.config.step_timeout, "abort")
+        return int(reply["free_blocks"])
 
     def close(self, force: bool = False) -> None:
         """Stop the engine process (politely unless ``force``, then by kill); idempotent."""

@@ -171,6 +171,9 @@ class LiveSimulator(Simulator):
         reply = eng.step(plan, add=add, abort=abort, preempt=preempt)
         dt = time.perf_counter() - start if self.clock == "real" else float(reply["time_s"])
         self._engine_done[i].update(reply["finished"])
+        if reply["executed"] != {r: n for r, n, _, _ in plan}:
+            raise EngineError(f"instance {i}: the engine executed {reply['executed']}, the policy's batch was "
+                              f"{ {r: n for r, n, _, _ in plan} }")
         for r, n, c, _ in plan:
             got = reply["state"].get(r)
             if got is not None and got[0] != c + n:

@@ -85,6 +85,7 @@ def _plan_scheduler_class() -> type:
         """
 
         plan: tuple[list[str], list[tuple[str, int, int, int]]] | None = None
+        executed: dict[str, int] = {}  # the last step's num_scheduled_tokens, as handed to the model runner
 
         def __init__(self, *a: Any, **kw: Any) -> None:
             super().__init__(*a, **kw)
@@ -147,6 +148,7 @@ def _plan_scheduler_class() -> type:
                 new_block_ids_to_zero=self._get_new_block_ids_to_zero(),
                 ec_manager_metadata=self.encoder_cache_manager.get_manager_metadata())
             self._update_after_schedule(out)
+            self.executed = dict(out.num_scheduled_tokens)
             return out
 
     return PlanScheduler
@@ -189,7 +191,8 @@ class Worker:
         gone = [self.ids.pop(r) for r in msg.get("abort", ()) if r in self.ids]
         if gone:
             self.engine.abort_request(gone, internal=True)
-        return {"ok": True, "aborted": len(gone)}
+        return {"ok": True, "aborted": len(gone),
+                "free_blocks": self.sched.kv_cache_manager.block_pool.get_num_free_blocks()}
 
     def step(self, msg: dict[str, Any]) -> dict[str, Any]:
         for rid, prompt_len, max_tokens in msg.get("add", ()):
@@ -208,13 +211,15 @@ class Worker:
             dt = time.perf_counter() - t0
         finally:
             self.sched.plan = None
+        rev = {v: k for k, v in self.ids.items()}
+        executed = {rev[i]: n for i, n in self.sched.executed.items()}
         finished = [int(o.request_id) for o in outs if o.finished]
         for r in finished:
             self.ids.pop(r, None)
         reqs = self.sched.requests
         state = {r: (reqs[self.ids[r]].num_computed_tokens, reqs[self.ids[r]].num_tokens)
                  for r, *_ in plan if r in self.ids}
-        return {"ok": True, "time_s": dt, "finished": finished, "state": state,
+        return {"ok": True, "time_s": dt, "finished": finished, "state": state, "executed": executed,
                 "free_blocks": self.sched.kv_cache_manager.block_pool.get_num_free_blocks()}
 
 

@@ -1,0 +1,262 @@
+"""Live vLLM backend: end-to-end runs on a tiny random-weight model, batch control, accounting, faults, profiling.
+
+Every test here needs a Python with vLLM (``make vllm-venv`` builds ``.venv-vllm``; ``$SLOGYM_VLLM_PYTHON`` points
+elsewhere) and skips with that reason otherwise. Engines are few and small: one shared engine for the runs that
+leave it empty, one fresh engine per fault test (a fault leaves its engine dead on purpose).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from slogym.baselines import make_policy
+from slogym.core.batch import Batch
+from slogym.core.errors import EngineError
+from slogym.core.policy import Policy, Scheduler
+from slogym.core.request import Request, Workload, decode, external, prefill
+from slogym.core.simulator import Simulator
+from slogym.engines.live import (EngineConfig, LiveSimulator, UnsupportedOnLiveEngine, VLLMEngine, live_spec,
+                                 make_tiny_model, vllm_unavailable_reason)
+
+from helpers import SpecScheduler, expected_compute
+
+REASON = vllm_unavailable_reason()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+
+
+def chat_workload(n: int, seed: int, gap: float = 0.01, max_prompt: int = 200, max_out: int = 24,
+                  priority: bool = False) -> Workload:
+    rng = np.random.default_rng(seed)
+    prio = rng.permutation(n) if priority else np.zeros(n, np.int64)
+    return Workload.from_requests([
+        Request(i * gap, [prefill(int(rng.integers(8, max_prompt)), 1.0), decode(int(rng.integers(1, max_out)), 0.1)],
+                priority=int(prio[i]))
+        for i in range(n)])
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(make_tiny_model(tmp_path_factory.mktemp("tiny") / "llama"))
+
+
+def config(model: str, **kw: Any) -> EngineConfig:
+    base = dict(model=model, num_blocks=48, max_num_seqs=16, max_num_batched_tokens=1024, max_model_len=1024)
+    return EngineConfig(**(base | kw))
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir: str) -> Any:
+    with VLLMEngine(config(model_dir)) as eng:
+        yield eng
+
+
+def run_live(engine: VLLMEngine, w: Workload, policy: Policy, **kw: Any) -> LiveSimulator:
+    sim = LiveSimulator(w, engine, policy, **kw).run()
+    # the run left nothing resident in the engine
+    assert engine.abort([]) == engine.config.num_blocks
+    return sim
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+def test_fcfs_20_requests_end_to_end(engine: VLLMEngine) -> None:
+    w = chat_workload(20, seed=1)
+    spec = live_spec(engine.config)
+    sim = run_live(engine, w, make_policy("vllm", engine=spec))
+    rec = sim.result().records
+    assert (rec["outcome"] == "finished").all()
+    assert (rec["generated_tokens"] == w.output_tokens).all()
+    # nothing preempted: every token computed exactly once (vLLM v1 semantics, helpers.expected_compute)
+    if (rec["n_preemptions"] == 0).all():
+        assert (rec["computed_tokens"] == expected_compute(w)).all()
+    assert (rec["ttft"] > 0).all() and (rec["ttlt"] >= rec["ttft"]).all()
+    # per-request records have exactly the simulator's schema
+    ref = Simulator(w, spec, make_policy("vllm", engine=spec)).run().result().records
+    assert list(rec.columns) == list(ref.columns)
+    assert (rec.dtypes == ref.dtypes).all()
+    it = sim.iteration_records()
+    assert len(it) == sum(i.iterations for i in sim.instances) and (it["time_s"] > 0).all()
+    assert it["prefill_tokens"].sum() + it["decode_tokens"].sum() == rec["computed_tokens"].sum()
+
+
+def test_real_time_clock_waits_for_arrivals(engine: VLLMEngine) -> None:
+    w = chat_workload(4, seed=2, gap=0.15, max_out=4)
+    t0 = time.perf_counter()
+    sim = run_live(engine, w, make_policy("sarathi", engine=live_spec(engine.config)), clock="real")
+    wall = time.perf_counter() - t0
+    rec = sim.result().records
+    assert (rec["outcome"] == "finished").all()
+    # real time: the last request cannot be served before it arrives on the wall clock, and the simulated
+    # clock (anchored to the wall clock at the start) never runs ahead of it
+    assert wall >= float(w.arrival[-1])
+    assert sim.end_time <= wall
+
+
+# ---------------------------------------------------------------------------------------------- batch control
+class StrictPriority(Scheduler):
+    """One request per iteration: the resident one with the highest priority, in prefill chunks of 32 tokens."""
+
+    def next_batch(self, inst: Any, now: float) -> Batch | None:
+        cands = inst.running + inst.waiting
+        if not cands:
+            return None
+        prio = inst.sim.w.priority
+        r = max(cands, key=lambda q: (prio[q], -q))
+        n = int(min(inst.remaining([r])[0], 32))
+        return Batch(req=np.array([r]), tokens=np.array([n]))
+
+
+def test_policy_batch_order_is_honored(engine: VLLMEngine) -> None:
+    w = chat_workload(6, seed=3, gap=0.0, max_out=4, priority=True)
+    sim = run_live(engine, w, Policy("prio", StrictPriority()))
+    rec = sim.result().records
+    assert (rec["outcome"] == "finished").all()
+    order = rec.sort_values("ttlt")["priority"].to_numpy()
+    assert (np.diff(order) < 0).all(), f"finish order by priority: {order}"
+    it = sim.iteration_records()
+    assert ((it["prefill_seqs"] + it["decode_seqs"]) == 1).all()
+    assert (it["prefill_tokens"] <= 32).all()
+
+
+class Disrupt(Scheduler):
+    """Wraps a scheduler: once, preempt (recompute) the newest running request; later, drop the oldest one."""
+
+    def __init__(self, inner: Scheduler) -> None:
+        self.inner = inner
+
+    def reset(self, sim: Any) -> None:
+        self.inner.reset(sim)
+        self.preempted: int | None = None
+        self.dropped: int | None = None
+
+    def next_batch(self, inst: Any, now: float) -> Batch | None:
+        b = self.inner.next_batch(inst, now)
+        if b is None or b.preempt or b.drop or len(inst.running) < 3:
+            return b
+        if self.preempted is None:
+            self.preempted = victim = inst.running[-1]
+            return self._without(b, victim, preempt=(victim,))
+        if self.dropped is None and inst.running[0] != self.preempted:
+            self.dropped = victim = inst.running[0]
+            return self._without(b, victim, drop=(victim,))
+        return b
+
+    @staticmethod
+    def _without(b: Batch, r: int, **side: Any) -> Batch:
+        keep = np.asarray(b.req) != r
+        return Batch(req=np.asarray(b.req)[keep], tokens=np.asarray(b.tokens)[keep], **side)
+
+
+def test_preempt_and_abort_keep_accounting_exact(engine: VLLMEngine) -> None:
+    w = chat_workload(10, seed=4, gap=0.0, max_out=30)
+    spec = live_spec(engine.config)
+    sched = Disrupt(make_policy("sarathi", engine=spec).scheduler)
+    sim = run_live(engine, w, Policy("disrupt", sched))
+    rec = sim.result().records
+    assert sched.preempted is not None and sched.dropped is not None
+    assert rec.loc[sched.dropped, "outcome"] == "dropped"
+    assert (rec.drop(index=sched.dropped)["outcome"] == "finished").all()
+    p = rec.loc[sched.preempted]
+    assert p["n_preemptions"] >= 1 and p["recomputed_tokens"] > 0
+    fin = rec["outcome"] == "finished"
+    # every finished request computed each token once, plus exactly what preemption threw away
+    assert (rec.loc[fin, "computed_tokens"] == expected_compute(w)[fin] + rec.loc[fin, "recomputed_tokens"]).all()
+    assert (rec.loc[fin, "generated_tokens"] == w.output_tokens[fin]).all()
+
+
+# ---------------------------------------------------------------------------------------------- unsupported
+def test_unsupported_decisions_raise_clear_errors(engine: VLLMEngine) -> None:
+    w = chat_workload(3, seed=5, max_out=6)
+    spec = live_spec(engine.config)
+    with pytest.raises(UnsupportedOnLiveEngine, match="speculative"):
+        LiveSimulator(w, engine, Policy("spec", SpecScheduler(make_policy("vllm", engine=spec).scheduler, 2))).run()
+    engine.abort(list(range(len(w))))
+    tool = Workload.from_requests([Request(0.0, [prefill(10), decode(3), external(0.1), prefill(5), decode(2)])])
+    with pytest.raises(UnsupportedOnLiveEngine, match="tool call"):
+        LiveSimulator(tool, engine, make_policy("vllm", engine=spec))
+    long = Workload.from_requests([Request(0.0, [prefill(1000), decode(100)])])
+    with pytest.raises(UnsupportedOnLiveEngine, match="max_model_len"):
+        LiveSimulator(long, engine, make_policy("vllm", engine=spec))
+
+
+# ---------------------------------------------------------------------------------------------- faults
+class KillAfter(Scheduler):
+    """Wraps a scheduler and SIGKILLs the engine process at its ``n``-th decision."""
+
+    def __init__(self, inner: Scheduler, pid: int, n: int) -> None:
+        self.inner, self.pid, self.n = inner, pid, n
+
+    def reset(self, sim: Any) -> None:
+        self.inner.reset(sim)
+        self.calls = 0
+
+    def next_batch(self, inst: Any, now: float) -> Batch | None:
+        self.calls += 1
+        if self.calls == self.n:
+            os.kill(self.pid, signal.SIGKILL)
+        return self.inner.next_batch(inst, now)
+
+
+def test_killed_engine_raises_engine_error_and_fails_requests(model_dir: str) -> None:
+    w = chat_workload(12, seed=6)
+    with VLLMEngine(config(model_dir, step_timeout=30.0)) as eng:
+        spec = live_spec(eng.config)
+        sim = LiveSimulator(w, eng, Policy("kill", KillAfter(make_policy("vllm", engine=spec).scheduler, eng.pid, 6)))
+        with pytest.raises(EngineError, match="died|gone") as info:
+            sim.run()
+        assert eng.closed
+    rec = info.value.result.records
+    assert set(rec["outcome"]) <= {"finished", "failed"}
+    assert (rec["outcome"] == "failed").sum() >= 1
+    assert len(rec) == len(w)
+    # KV released for every failed request: the simulator's pool is whole again
+    assert all(i.free_blocks == i.total_blocks for i in sim.instances)
+
+
+def test_hung_step_times_out(model_dir: str) -> None:
+    with VLLMEngine(config(model_dir, step_timeout=3.0)) as eng:
+        with pytest.raises(EngineError, match="timed out after 3 s"):
+            eng.step([(0, 8, 0, 8)], add=[(0, 8, 2)], hang=60.0)
+        assert eng.closed and eng.proc.poll() is not None  # the hung process was killed, not left behind
+        with pytest.raises(EngineError, match="closed"):
+            eng.step([(0, 1, 8, 9)])
+
+
+def test_engine_exception_is_engine_error(model_dir: str) -> None:
+    with VLLMEngine(config(model_dir)) as eng:
+        # a plan whose token counts disagree with the engine's ledger
+        with pytest.raises(EngineError, match="engine has 0 computed of 8 tokens, planner 5 of 8"):
+            eng.step([(0, 3, 5, 8)], add=[(0, 8, 2)])
+        assert eng.closed
+
+
+# ---------------------------------------------------------------------------------------------- profile -> fit -> simulate
+def test_profile_fit_simulate(engine: VLLMEngine, tmp_path: Any) -> None:
+    from slogym.engines.fitting import fit_profile
+    from slogym.engines.base import EngineSpec
+    from slogym.engines.profiler import ProfileGrid, profile
+
+    grid = ProfileGrid(prefill=[(1, 16), (2, 64), (1, 256), (4, 128)], decode=[(1, 32), (4, 64), (8, 128)],
+                       mixed=[(4, 64, 128)])
+    df = profile(engine, grid, repeats=2, warmup=1)
+    assert engine.abort([]) == engine.config.num_blocks
+    assert len(df) == 2 * len(grid) and (df["time_s"] > 0).all()
+    assert set(df["kind"]) == {"prefill", "decode", "mixed"}
+    pre = df[df["kind"] == "prefill"]
+    assert (pre["prefill_tokens"].to_numpy() == np.repeat([16, 128, 256, 512], 2)).all()
+    dec = df[df["kind"] == "decode"]
+    assert (dec["decode_seqs"].to_numpy() == np.repeat([1, 4, 8], 2)).all()
+    path = tmp_path / "records.csv"
+    df.to_csv(path, index=False)
+    preset = fit_profile(path, "quadratic", kv_capacity_tokens=engine.config.num_blocks * engine.config.block_size,
+                         holdout=0.0)
+    spec = EngineSpec.from_dict(preset | {"block_size": engine.config.block_size})
+    w = chat_workload(15, seed=7)
+    res = Simulator(w, spec, make_policy("sarathi", engine=spec)).run().result()
+    assert (res.records["outcome"] == "finished").all()
+    assert res.summary["attainment"] >= 0.0
