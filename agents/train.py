@@ -135,7 +135,10 @@ def score(model: Any, cfg: dict[str, Any], split: str, seeds: list[int]) -> dict
     """Mean episode reward / attainment / goodput of the deterministic agent on ``split`` windows."""
     kw = cfg["env_kwargs"] | {"split": split}
     env, wins = windows(cfg["env_id"], kw, seeds)
-    return evaluate(lambda i: env_policy(cfg["name"], env, model_actor(model, env)), env, wins)
+    make = lambda i: env_policy(cfg["name"], env, model_actor(model, env))  # noqa: E731
+    if hasattr(env, "run_scaler"):  # Scaling-v0: its reward counts the instance-second cost
+        return env.evaluate(make, wins)
+    return evaluate(make, env, wins)
 
 
 def main() -> None:

@@ -44,14 +44,16 @@ def table(name: str, seeds: list[int]) -> str:
     meta = read_metadata(name)
     kw = meta["env_kwargs"] | {"split": "test"}
     env, wins = windows(meta["env_id"], kw, seeds)
+    header = f"### {name}: {meta['env_id']} {', '.join(f'{k}={v}' for k, v in meta['env_kwargs'].items())}"
+    if hasattr(env, "comparison_table"):  # Scaling-v0: goodput and instance-seconds vs static-N, threshold
+        return f"{header}\n\n{env.comparison_table(name, wins)}"
     rand_env = gym.make(meta["env_id"], **kw).unwrapped
     contenders: list[Contender] = [
         (f"**{name}** (agent)", lambda e, i: load(name)),
         ("random (uniform valid actions)", lambda e, i: env_policy("random", rand_env, uniform_actor(rand_env, i))),
         *baselines(env),
     ]
-    lines = [f"### {name}: {meta['env_id']} {', '.join(f'{k}={v}' for k, v in meta['env_kwargs'].items())}",
-             "", f"| policy | episode reward ({env.reward_name}) | attainment | goodput (req/s) |",
+    lines = [header, "", f"| policy | episode reward ({env.reward_name}) | attainment | goodput (req/s) |",
              "|---|---|---|---|"]
     for label, make in contenders:
         r = evaluate(lambda i: make(env, i), env, wins)

@@ -11,7 +11,6 @@ from gymnasium.utils.env_checker import check_env
 
 import slogym  # noqa: F401
 from slogym.agents import env_policy
-from slogym.agents.evaluation import run_window
 from slogym.core.instance import InstanceState
 from slogym.core.simulator import Simulator
 
@@ -135,8 +134,10 @@ def test_agent_policy_in_a_plain_simulator_earns_the_env_return():
     s = sim.run().result().summary
     assert s["cost_instance_seconds"] == pytest.approx(info["summary"]["cost_instance_seconds"])
     assert s["attainment"] == info["summary"]["attainment"]
-    r = run_window(env.baseline_policy("static"), (env.sim.w, env.sim.seed), env)
-    assert 0 <= r["attainment"] <= 1
+    r = env.run_scaler(env.baseline_policy("static", 3), (env.sim.w, env.sim.seed), 3)
+    assert r["reward"] == pytest.approx(r["gain"] - env.lam * r["instance_seconds"])
+    # static: 3 instances for the whole run, whose length is (SLO-met requests) / goodput
+    assert r["instance_seconds"] == pytest.approx(3 * r["gain"] / r["goodput"])
 
 
 @pytest.mark.parametrize("kw,match", [({"pools": "roles"}, "unknown pools"), ({"control_interval": 0}, "control_interval"),

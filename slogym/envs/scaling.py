@@ -46,6 +46,7 @@ pool-aware. The ``policy`` supplies the scheduler of every instance.
 
 from __future__ import annotations
 
+import heapq
 import inspect
 import re
 from collections.abc import Callable, Generator
@@ -139,10 +140,10 @@ class _Lifecycle:
         yield from super()._on_iteration_done(inst, t)
         self._stop_if_drained(inst, t)
 
-    def _scaler_tick(self, sim: Simulator, t: float) -> Generator:
+    def _scaler_tick(self, sim: Simulator, t: float) -> Any:
         for inst in self.instances:
             self._stop_if_drained(inst, t)
-        yield from super()._scaler_tick(sim, t)
+        return super()._scaler_tick(sim, t)  # a generator where the core's ticks are generators
 
 
 def _activate(i: int, sim: Simulator, t: float) -> None:
@@ -151,54 +152,32 @@ def _activate(i: int, sim: Simulator, t: float) -> None:
         inst.state = InstanceState.ACTIVE
 
 
+_TICK = -1
+"""Payload of the release event that re-enters the event loop as a generator for a scaler tick."""
+
+
 class _GeneratorTicks:
     """Prototype of the "Scaling-v0 needs" change (CLUSTER_API.md): a Scaler whose ``decide`` is a generator
-    yields its decision through :meth:`Simulator.decisions`. Mixed in only while the core lacks it. The loop is
-    the core's ``_loop`` with that one change (a temporary copy; deleted when the core change lands)."""
+    yields its decision through :meth:`Simulator.decisions`. Mixed in only while the core lacks it. The core
+    calls timer callbacks as plain functions, so the tick re-enters the loop as a *release* event with the
+    payload ``_TICK`` (release events run through the generator ``_begin``) at the same time."""
 
-    def _scaler_tick(self, sim: Simulator, t: float) -> Generator:
+    def _scaler_tick(self, sim: Simulator, t: float) -> None:
+        from slogym.core.simulator import _RELEASE
+
+        self._seq += 1
+        heapq.heappush(self._glob, (t, self._seq, _RELEASE, _TICK))
+
+    def _begin(self, r: int, t: float) -> Generator:
+        if r != _TICK:
+            yield from super()._begin(r, t)
+            return
         scaler = self.policy.scaler
         out = scaler.decide(self, t)
         if out is not None:
             yield from out
         if self._na < len(self.w) or self._iter:
             self.add_timer(t + scaler.interval, self._scaler_tick)
-
-    def _loop(self) -> Generator:
-        import heapq
-
-        from slogym.core.simulator import _EXT_DONE, _RELEASE, INF
-        arrival, n = self.w.arrival, len(self.w)
-        it, gl = self._iter, self._glob
-        while True:
-            ta = arrival[self._na] if self._na < n else INF
-            ti = it[0][0] if it else INF
-            tg = gl[0][0] if gl else INF
-            if ti <= tg and ti <= ta and ti < INF:
-                t, _, i = heapq.heappop(it)
-                self.now = t
-                yield from self._on_iteration_done(self.instances[i], t)
-            elif tg <= ta and tg < INF:
-                t, _, kind, payload = heapq.heappop(gl)
-                self.now = t
-                if kind == _EXT_DONE:
-                    yield from self._on_external_done(payload, t)
-                elif kind == _RELEASE:
-                    yield from self._begin(payload, t)
-                else:
-                    out = payload(self, t)
-                    if out is not None:
-                        yield from out
-                    for inst in self.instances:
-                        if not inst.busy and inst.n_resident:
-                            yield from self._schedule(inst, t)
-            elif ta < INF:
-                r = self._na
-                self._na += 1
-                self.now = ta
-                yield from self._on_arrival(r, ta)
-            else:
-                break
 
 
 _MIXINS = tuple(m for m, native in ((_Lifecycle, hasattr(Simulator, "add_instance")),
@@ -532,11 +511,63 @@ class ScalingEnv(ServingEnv):
                       scaler=EnvScaler(self, act), params={"agent": name, "decision": self.decision,
                                                            "base_policy": self.policy_name})
 
-    def baseline_policy(self, name: str) -> Policy:
-        """``static`` or ``threshold`` as a Policy (this env's router, the ``policy``'s scheduler)."""
+    def baseline_policy(self, name: str, n_instances: int | None = None) -> Policy:
+        """``static`` or ``threshold`` as a Policy (this env's router, the ``policy``'s scheduler), starting
+        from ``n_instances`` per pool (default: the env's); run it with ``Simulator(..., n_instances)``."""
         scalers = {"static": StaticScaler, "threshold": ThresholdScaler}
         if name not in scalers:
             raise ValueError(f"unknown scaling baseline {name!r}; known: {', '.join(scalers)}")
+        lay = self.layout
+        n = lay.n_per_pool if n_instances is None else int(n_instances)
+        layout = PoolLayout(lay.pooling, lay.n_tiers, n, min(lay.min, n), max(lay.max, n), lay.cold_start)
         base = make_policy(self.policy_name, self.engine)
-        return Policy(name=name, scheduler=base.scheduler, router=PoolRouter(self.layout),
-                      scaler=scalers[name](self.layout, self.control_interval))
+        return Policy(name=f"{name}-{n}" if name == "static" else name, scheduler=base.scheduler,
+                      router=PoolRouter(layout), scaler=scalers[name](layout, self.control_interval))
+
+    def run_scaler(self, policy: Policy, window: tuple[Any, int], n_instances: int | None = None) -> dict[str, float]:
+        """Run ``policy`` on one episode window (``slogym.agents.evaluation.windows``) through the plain
+        Simulator: ``reward`` = base reward - ``lam`` x instance-seconds over the whole run, ``gain`` the base
+        reward (SLO-meeting requests for ``goodput``), ``instance_seconds``, attainment and goodput (req/s)."""
+        from slogym.agents.evaluation import episode_reward
+
+        w, seed = window
+        n = self.n_instances if n_instances is None else n_instances
+        sim = Simulator(w, self.engine, policy, n, seed=seed, attainment=self.attainment).run()
+        s = sim.result().summary
+        gain, cost = episode_reward(sim, self.reward_name), float(s["cost_instance_seconds"])
+        return {"reward": gain - self.lam * cost, "gain": gain, "instance_seconds": cost,
+                "attainment": float(s["attainment"]), "goodput": float(s["goodput"])}
+
+    def evaluate(self, make: Callable[[int], Policy], wins: list[tuple[Any, int]],
+                 n_instances: int | None = None) -> dict[str, float]:
+        """Mean and std over ``wins`` of :meth:`run_scaler` with a fresh ``make(i)`` per window (the scaling
+        counterpart of ``slogym.agents.evaluation.evaluate``, whose reward has no cost term)."""
+        rows = [self.run_scaler(make(i), win, n_instances) for i, win in enumerate(wins)]
+        out: dict[str, float] = {}
+        for k in rows[0]:
+            v = np.array([r[k] for r in rows])
+            out[k], out[f"{k}_std"] = float(v.mean()), float(v.std())
+        return out
+
+    def comparison_table(self, agent: str | None, wins: list[tuple[Any, int]]) -> str:
+        """Markdown table, mean (std) over ``wins``: the shipped agent ``agent`` (if given), uniformly random
+        deltas, the threshold scaler and static provisioning with every pool size ``min..max``."""
+        from slogym.agents import env_policy, load
+
+        rng = np.random.default_rng(0)
+        nvec = self.action_space.nvec
+        rows: list[tuple[str, Callable[[], Policy], int]] = []
+        if agent:
+            rows.append((f"**{agent}** (agent)", lambda: load(agent), self.n_instances))
+        rows.append(("random deltas", lambda: env_policy("random", self, lambda o: rng.integers(0, nvec)),
+                     self.n_instances))
+        rows.append(("threshold (HyperFlexis-style)", lambda: self.baseline_policy("threshold"), self.n_instances))
+        rows += [(f"static-{n}", lambda n=n: self.baseline_policy("static", n), n)
+                 for n in range(self.layout.min, self.layout.max + 1)]
+        keys = ("reward", "gain", "instance_seconds", "attainment", "goodput")
+        lines = [f"| policy | reward ({self.reward_name} - {self.lam:g} x inst-s) | {self.reward_name} | "
+                 f"instance-seconds | attainment | goodput (req/s) |", "|---|---|---|---|---|---|"]
+        for label, make, n in rows:
+            r = self.evaluate(lambda i: make(), wins, n)
+            lines.append(f"| {label} | " + " | ".join(f"{r[k]:.3f} ({r[k + '_std']:.3f})" for k in keys) + " |")
+        return "\n".join(lines)
