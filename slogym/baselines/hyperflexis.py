@@ -51,7 +51,7 @@ from slogym.baselines.common import batch_of, make_room_for_decodes, split_runni
 from slogym.core.batch import Batch, BatchFeatures
 from slogym.core.errors import SchedulerError
 from slogym.core.instance import Instance, InstanceState, Role
-from slogym.core.policy import BEST_EFFORT, REJECT, Policy, Router, Scaler, Scheduler
+from slogym.core.policy import BEST_EFFORT, DEFER, REJECT, Policy, Router, Scaler, Scheduler
 from slogym.core.state import Outcome, Status
 
 if TYPE_CHECKING:
@@ -505,7 +505,7 @@ class HyperFlexisDispatcher(Router):
         insts = sim.instances
         ok = [i for i in range(len(insts)) if insts[i].role == Role.DECODE and _accepting(insts[i])]
         if not ok:
-            raise SchedulerError(f"request {req}: no active decode worker at t={now}")
+            return DEFER  # the simulator asks again when an instance becomes ready
         excess = {i: st.decode_excess(insts[i], req) for i in ok}
         fits = {i for i, e in excess.items() if e <= 0.0}
         w = st.decoders.earliest(lambda i: i in fits) if fits else None
@@ -531,7 +531,7 @@ class RoundRobinPDRouter(Router):
         insts = sim.instances
         ok = [i for i in range(len(insts)) if _accepting(insts[i]) and (insts[i].role == Role.DECODE) == decode]
         if not ok:
-            raise SchedulerError(f"request {req}: no active {'decode' if decode else 'prefill'} worker at t={now}")
+            return DEFER
         i = ok[self._next[decode] % len(ok)]
         self._next[decode] += 1
         return i
@@ -685,19 +685,20 @@ class ScalingThresholds:
     """Algorithm 3's thresholds (the symbols were lost; values are ours): a stage scales out when any metric is
     above its upper threshold, and in when all stay below their lower thresholds for ``sustain`` intervals.
 
-    utilization  busy seconds of the stage's active workers over the interval, per worker
+    utilization  mean over the stage's active workers of max(KV utilization, running / max_num_seqs) (busy time
+                 is no measure: an LLM engine iterates whenever it holds a request)
     wait         longest wait of a queued request relative to its SLO (TTFT in the queue of a prefill-serving
                  worker, TPOT in a decode worker's queue)
     rate         requests entering the stage's queues over the interval / requests leaving them for a batch (the
-                 input queue rate over the processing rate); 1 = balanced
+                 input queue rate over the processing rate); 1 = balanced, so its lower threshold is "not growing"
     """
 
     util_up: float = 0.85
-    util_down: float = 0.3
+    util_down: float = 0.2
     wait_up: float = 0.5
     wait_down: float = 0.1
     rate_up: float = 1.3
-    rate_down: float = 0.7
+    rate_down: float = 1.05
     sustain: int = 3
 
 
@@ -733,9 +734,7 @@ class HyperFlexisScaler(Scaler):
         """Fresh measurement state (also for use as an expert by an environment)."""
         roles = {inst.role for inst in sim.instances}
         self.stages = [Role.PREFILL, Role.DECODE] if Role.DECODE in roles else [Role.COLOCATED]
-        self._busy: dict[int, float] = {}
         self._calm = np.zeros(len(self.stages), np.int64)
-        self._t = 0.0
         self._seen = {role: np.zeros(len(sim.w), bool) for role in self.stages}  # entered the stage's workers
         self._done = {role: 0 for role in self.stages}                         # left its queues (cumulative)
 
@@ -743,22 +742,19 @@ class HyperFlexisScaler(Scaler):
         return [i for i in sim.instances if i.role == role and i.state != InstanceState.STOPPED]
 
     def metrics(self, sim: "Simulator", now: float) -> np.ndarray:
-        """``(n_stages, 3)``: utilization, wait ratio, arrival / processing rate ratio since the last call."""
+        """``(n_stages, 3)``: utilization, wait ratio, input / processing rate ratio since the last call."""
         rs, w = sim.rs, sim.w
-        dt = max(now - self._t, 1e-9)
         out = np.zeros((len(self.stages), 3))
         for k, role in enumerate(self.stages):
             members = self._members(sim, role)
             active = [i for i in members if i.state == InstanceState.ACTIVE]
-            busy = sum(i.busy_time - self._busy.get(i.id, 0.0) for i in active)
             wait = np.asarray([r for i in members for r in i.waiting], dtype=np.int64)
             slo = w.min_tpot[wait] if role == Role.DECODE else w.first_ttft[wait]
             waited = now - (rs.ready[wait] if role != Role.DECODE else rs.last_token[wait])
             ratio = float(np.max(np.where(np.isfinite(slo), waited / np.maximum(slo, 1e-9), 0.0))) if wait.size else 0.0
             arrived, done = self._flow(sim, members, role)
-            out[k] = (busy / (dt * max(len(active), 1)), ratio, arrived / max(done, 1.0) if arrived else 0.0)
-        self._busy = {i.id: i.busy_time for i in sim.instances}
-        self._t = now
+            util = float(np.mean([max(i.kv_utilization, len(i.running) / i.engine.max_num_seqs) for i in active]))
+            out[k] = (util if active else 1.0, ratio, arrived / max(done, 1.0) if arrived else 0.0)
         return out
 
     def _flow(self, sim: "Simulator", members: list[Instance], role: Role) -> tuple[float, float]:
