@@ -1,0 +1,247 @@
+"""PolyServe (slogym.baselines.polyserve): future-KV simulation, profile table, load-gradient choice, wait-time
+admission, lazy promotion, nothing lost, determinism, Routing-v0 expert, and a small-scale comparison."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from helpers import assert_runs_equal
+from slogym.baselines import make_policy
+from slogym.baselines.polyserve import POLICIES, future_kv_peak, profile_table
+from slogym.core.policy import DEFER
+from slogym.core.request import Request, Workload, decode, prefill
+from slogym.core.simulator import Simulator
+from slogym.core.state import Outcome, Status
+from slogym.engines.registry import get_engine
+from slogym.workloads.scenarios import make_workload
+
+ENGINE = get_engine("llama3-8b-h200")
+CO = ("polyserve-co", "polyserve-co-random", "polyserve-co-minimal", "polyserve-co-chunk")
+
+
+def _tiers(n: int, rate: float, seed: int = 1) -> Workload:
+    return make_workload("polyserve-tiers", rate=rate, n_requests=n, seed=seed, engine=ENGINE)
+
+
+# ---------------------------------------------------------------------------------------------- future KV growth
+def _brute_peak(rem: list[int], ctx: list[int], c0: int, r0: int) -> int:
+    """Step the future iterations one by one: each resident holds c + k tokens while k < its remaining."""
+    rs, cs = rem + [r0], ctx + [c0]
+    return max(sum(c + k for r, c in zip(rs, cs) if r > k) for k in range(max(rs)))
+
+
+def test_future_kv_peak_equals_step_by_step_simulation() -> None:
+    rng = np.random.default_rng(0)
+    rows, truth = [], []
+    for _ in range(200):
+        n = int(rng.integers(0, 12))
+        rem = sorted(rng.integers(1, 40, n).tolist(), reverse=True)
+        ctx = rng.integers(1, 500, n).tolist()
+        rows.append((rem, ctx))
+    c0, r0 = 37, 15
+    width = max(len(r) for r, _ in rows)
+    rem_a = np.zeros((len(rows), width), np.int64)
+    cs_a = np.zeros((len(rows), width), np.int64)
+    for i, (rem, ctx) in enumerate(rows):
+        rem_a[i, :len(rem)] = rem
+        cs_a[i, :len(rem)] = np.cumsum(ctx)
+        truth.append(_brute_peak(rem, ctx, c0, r0))
+    n = np.array([len(r) for r, _ in rows])
+    assert future_kv_peak(rem_a, cs_a, n, c0, r0).tolist() == truth
+
+
+def test_profile_table_budget_is_the_inverse_of_its_time() -> None:
+    table = profile_table(ENGINE)
+    kv = np.array([0, 50_000, 300_000, 700_000])
+    for tpot in (0.02, 0.05, 0.1):
+        b = table.token_budget(kv, np.full(kv.size, tpot))
+        fits = b > 0
+        assert fits[0], "an idle instance must fit some tokens within every tier's TPOT"
+        assert (table.time(b[fits], kv[fits]) <= tpot + 1e-12).all()
+        assert (table.time(b + 8, kv) > tpot).all()
+        assert (table.time(np.ones(kv.size, np.int64), kv)[~fits] > tpot).all()  # 0 only when nothing fits
+    # a tighter TPOT never gets a larger budget; more KV never a larger one either
+    assert (table.token_budget(kv, np.full(4, 0.02)) <= table.token_budget(kv, np.full(4, 0.05))).all()
+    assert np.all(np.diff(table.token_budget(kv, np.full(4, 0.05))) <= 0)
+
+
+# ---------------------------------------------------------------------------------------------- hand-built state
+def _bound(n_inst: int, w: Workload, name: str = "polyserve-co") -> tuple[Simulator, object]:
+    """A simulator whose policy is reset but not run; every request is ready (its prompt known)."""
+    pol = POLICIES[name](ENGINE)
+    sim = Simulator(w, ENGINE, pol, n_instances=n_inst)
+    pol.reset(sim)
+    sim.rs.num_tokens[:] = sim.rs.stage_len
+    return sim, pol
+
+
+def _chat_workload(n: int, prompt: int = 200, ttft: float = 1.0, tpot: float = 0.05) -> Workload:
+    return Workload.from_requests([Request(0.0, [prefill(prompt, ttft), decode(100, tpot)]) for _ in range(n)])
+
+
+def test_load_gradient_picks_highest_load_attainable_instance() -> None:
+    w = _chat_workload(400)
+    sim, pol = _bound(4, w)
+    fleet, router = pol.router.core.fleet, pol.router
+    for j in range(4):
+        fleet.relabel(j, 0, 0.0)
+    # instance loads: 0 empty, 1 light, 2 heavier, 3 heaviest but over its KV capacity once the request joins
+    nxt = iter(range(1, 400))
+    for j, (count, ctx) in enumerate([(0, 0), (10, 300), (40, 300), (60, 14_100)]):
+        for _ in range(count):
+            fleet.place(j, next(nxt), ctx)
+    fleet.q_pre[:] = 0
+    j = np.arange(4)
+    v = router.admission(j, 0, 0.0, np.full(4, 0.05))
+    assert v.ok.tolist() == [True, True, True, False]
+    assert v.kv_peak[3] > fleet.cap[3] and np.argmax(v.load) == 3
+    assert router.route(0, sim, 0.0) == 2  # the highest load among the attainable ones
+    # ties go to the first instance of the gradient
+    sim2, pol2 = _bound(3, w)
+    for k in range(3):
+        pol2.router.core.fleet.relabel(k, 0, 0.0)
+    assert pol2.router.route(0, sim2, 0.0) == 0
+
+
+def test_admission_counts_the_wait_for_the_current_iteration() -> None:
+    w = _chat_workload(100, prompt=2000, ttft=0.3, tpot=0.1)
+    sim, pol = _bound(2, w)
+    fleet, router = pol.router.core.fleet, pol.router
+    for j in range(2):
+        fleet.relabel(j, 0, 0.0)
+    for r in range(1, 21):
+        fleet.place(0, r, 500)   # instance 0: higher load ...
+    for r in range(21, 26):
+        fleet.place(1, r, 500)
+    fleet.q_pre[:] = 0
+    j = np.arange(2)
+    tpot = np.full(2, 0.1)
+    before = router.admission(j, 0, 0.0, tpot)
+    assert before.ok.all() and router._pick(j, 0, 0.0, tpot) == 0
+    fleet.busy_until[0] = 0.25  # ... but its current iteration ends in 250 ms: the TTFT (300 ms) is missed
+    after = router.admission(j, 0, 0.0, tpot)
+    assert after.first_token[0] == pytest.approx(before.first_token[0] + 0.25)
+    assert after.ok.tolist() == [False, True]
+    assert router.route(0, sim, 0.0) == 1
+
+
+def test_route_defers_when_nothing_admits_and_demotes_once_ttft_is_lost() -> None:
+    w = _chat_workload(300, prompt=4000, ttft=0.3, tpot=0.02)
+    sim, pol = _bound(1, w)
+    fleet, router = pol.router.core.fleet, pol.router
+    fleet.relabel(0, 0, 0.0)
+    sim.instances[0].waiting.extend(range(1, 200))  # 199 residents of 4000 tokens: a 20 ms step is impossible
+    fleet.observe(sim.instances[0], 0.0)
+    assert router.route(0, sim, 0.0) == DEFER
+    assert router.route(0, sim, 0.29) < 0 and router.route(0, sim, 0.29) != DEFER  # demoted to best effort
+
+
+# ---------------------------------------------------------------------------------------------- runs
+def _placements(pol: object) -> list[tuple[int, int, int, bool]]:
+    """Wrap the router: record (request, instance, instance label after the decision, own tier was full)."""
+    router = pol.router
+    log: list[tuple[int, int, int, bool]] = []
+    inner = router.route
+
+    def route(req: int, sim: Simulator, now: float) -> int:
+        fleet = router.core.fleet
+        fleet.refresh_stale(now)
+        t = int(fleet.rtier[req])
+        own = np.flatnonzero(fleet.label == t)
+        full = not own.size or not router.admission(own, req, now, np.full(own.size, fleet.tiers[min(
+            t, fleet.n_tiers - 1)])).ok.any()
+        i = inner(req, sim, now)
+        if i >= 0:
+            log.append((req, i, int(fleet.label[i]), full))
+        return i
+
+    router.route = route
+    return log
+
+
+def test_lazy_promotion_never_places_a_tighter_request_on_a_looser_instance() -> None:
+    w = _tiers(1200, rate=70.0)
+    pol = make_policy("polyserve-co", ENGINE)
+    log = _placements(pol)
+    sim = Simulator(w, ENGINE, pol, n_instances=4).run()
+    fleet = pol.router.core.fleet
+    tiers = fleet.rtier
+    promoted = 0
+    for req, _, label, full in log:
+        if tiers[req] == fleet.n_tiers:
+            continue  # best effort runs anywhere
+        assert label <= tiers[req], f"request {req} of tier {tiers[req]} placed on an instance of tier {label}"
+        if label < tiers[req]:
+            promoted += 1
+            assert full, f"request {req} promoted while its own tier could admit it"
+    assert promoted > 0, "no lazy promotion happened: the check would be vacuous"
+    assert sim.result().summary["outcomes"]["finished"] > 0
+
+
+@pytest.mark.parametrize("name", CO)
+def test_every_request_ends_in_exactly_one_outcome(name: str) -> None:
+    w = _tiers(500, rate=120.0, seed=3)
+    sim = Simulator(w, ENGINE, make_policy(name, ENGINE), n_instances=3)
+    sim.completed = []
+    sim.run()
+    assert sorted(sim.completed) == list(range(len(w)))
+    assert (sim.rs.status == Status.DONE).all() and (sim.rs.outcome != Outcome.NONE).all()
+    assert "deferred_at_end" not in sim.dropped_reasons
+    for inst in sim.instances:
+        assert inst.free_blocks == inst.total_blocks
+
+
+def test_same_seed_same_results() -> None:
+    w = _tiers(400, rate=90.0, seed=5)
+    runs = [Simulator(w, ENGINE, make_policy("polyserve-co", ENGINE), n_instances=3, seed=2).run().result()
+            for _ in range(2)]
+    assert_runs_equal(*runs)
+    rnd = [Simulator(w, ENGINE, make_policy("polyserve-co-random", ENGINE), n_instances=3, seed=s).run().result()
+           for s in (2, 2, 3)]
+    assert_runs_equal(rnd[0], rnd[1])
+    assert not rnd[0].records["instance"].equals(rnd[2].records["instance"])
+
+
+def test_scaler_returns_idle_instances_to_the_pool() -> None:
+    w = _tiers(300, rate=40.0, seed=4)
+    pol = make_policy("polyserve-co", ENGINE)
+    sim = Simulator(w, ENGINE, pol, n_instances=6).run()
+    fleet = pol.router.core.fleet
+    assert (fleet.label == fleet.POOL).all()  # everything drained: every tier's last instance went back
+    assert 0 < fleet.instance_seconds(sim.end_time) < 6 * sim.end_time
+
+
+def test_polyserve_beats_random_on_a_small_loaded_cluster() -> None:
+    w = _tiers(800, rate=75.0, seed=7)
+    att = {name: Simulator(w, ENGINE, make_policy(name, ENGINE), n_instances=4).run().result().summary["attainment"]
+           for name in ("polyserve-co", "polyserve-co-random")}
+    assert att["polyserve-co"] >= att["polyserve-co-random"], att
+
+
+def test_bad_parameters_raise() -> None:
+    with pytest.raises(ValueError, match="avg_decode_len"):
+        POLICIES["polyserve-co"](ENGINE, avg_decode_len=0)
+    with pytest.raises(ValueError, match="token_budget"):
+        POLICIES["polyserve-co-chunk"](ENGINE, token_budget=0)
+    with pytest.raises(ValueError, match="unknown parameters"):
+        POLICIES["polyserve-co"](ENGINE, budget=3)
+
+
+# ---------------------------------------------------------------------------------------------- Routing-v0
+def test_routing_env_expert_is_polyserve() -> None:
+    env = gym.make("slogym/Routing-v0", scenario="polyserve-tiers", n_instances=3, policy="polyserve-co",
+                   episode=150, seed=0, pool_requests=600, rate_scale=4.0).unwrapped
+    env.reset(seed=0)
+    steps, placed = 0, 0
+    done = False
+    while not done:
+        a = env.expert_action()
+        assert env.action_space.contains(a) and env.action_masks()[a]
+        placed += a < env.n_instances
+        _, _, term, trunc, _ = env.step(a)
+        done = term or trunc
+        steps += 1
+    assert steps >= 150 and placed > 0
+    assert (env.sim.rs.status == Status.DONE).all()
