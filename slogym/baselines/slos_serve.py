@@ -524,6 +524,7 @@ class Planner:
         self.state, self.inst = state, inst
         self._plans: dict[tuple[int, ...], tuple[float, np.ndarray]] = {}
         self._inverse: dict[tuple[int, int, int], BatchTimeInverse] = {}
+        self.busy_until = 0.0  # end of the iteration this replica's scheduler launched last
         self.invocations = 0
 
     # ------------------------------------------------------------------ the admitted set
@@ -583,18 +584,18 @@ class Planner:
         blocks_new = -(-st.max_ctx[new] // bs)
         mem_new = np.ceil(blocks_new / unit).astype(np.int64) if unit > 0 else np.full(new.size, M + 1)
         pos = np.concatenate((pos_f, new))
-        # budget accrues from the end of the iteration in flight (its length is bounded by the last one's)
-        origin = now + (inst.last_dt if inst.inflight is not None else 0.0)
+        # budget accrues from the end of the iteration in flight
+        origin = max(now, self.busy_until) if inst.inflight is not None else now
         dl = np.minimum(rs.next_deadline(w, pos) - origin, HORIZON)
         prefill = (rs.num_tokens[pos] - rs.num_computed[pos]).astype(np.int64)
         run = inst.running_array()
         ctx = int((rs.num_computed[run] + 1).sum()) if run.size else 0
         past = int(np.mean(w.input_tokens[pos])) if pos.size else 0
         inv = self.time2bs(int(run.size), ctx, past)
-        if pos_f.size:  # an admitted request already late gets the earliest deadline its prefill can still make
-            o = np.argsort(dl[:pos_f.size], kind="stable")
-            soonest = np.cumsum(prefill[o]) / inv.peak_rate + 2.0 * max(inv.min_time, self._base_time(base, tiers_tp))
-            dl[o] = np.maximum(dl[o], soonest)
+        if pos_f.size:  # an admitted request already late gets the earliest deadline its prefill alone can make
+            f = slice(0, pos_f.size)
+            soonest = prefill[f] / inv.peak_rate + max(inv.min_time, self._base_time(base, tiers_tp))
+            dl[f] = np.where(dl[f] < soonest, soonest, dl[f])
         prob = AdmissionProblem(
             deadline=dl,
             prefill=prefill,
@@ -726,11 +727,7 @@ class SLOsServeScheduler(Scheduler):
             T, sl = pl.batch_plan(counts, tiers_tp, int(dec.size), ctx, past)
         else:
             T, sl = math.inf, np.ones(0, np.int64)
-        T_batch = T
-        if a_pre.size:  # end the batch at the earliest prefill deadline it can meet (the DP's partial batch)
-            slack = float(rs.next_deadline(w, a_pre[:1])[0]) - now
-            if self._min_time(pl, inst) <= slack < T:
-                T_batch = slack
+        T_batch = self._align(pl, inst, now, T, a_pre, int(dec.size), ctx)
         # decodes due before the next batch could end (Alg. 2 lines 8-14), EDF; late ones tightened (§3.2.3)
         dl = rs.next_deadline(w, a_dec)
         order = np.argsort(dl, kind="stable")
@@ -744,10 +741,20 @@ class SLOsServeScheduler(Scheduler):
             spec = np.where(is_dec_stage & due, np.clip(spec, 0, np.maximum(left, 0)), 0)
         return self._form(inst, now, T_batch, a_dec[due], spec[due], a_pre, b_dec, b_pre, a_dec[~due], demote)
 
-    @staticmethod
-    def _min_time(pl: Planner, inst: Instance) -> float:
-        """Time of the smallest useful batch: below it a shortened batch holds no prefill tokens."""
-        return pl.time2bs(0, 0, 0).min_time
+    def _align(self, pl: Planner, inst: Instance, now: float, T: float, a_pre: np.ndarray, n_dec: int,
+               ctx: int) -> float:
+        """End the batch at the earliest admitted prefill deadline before ``now + T`` whose prefill (with the
+        EDF ones before it) fits in the shortened batch: the DP's partial batch ending at that deadline."""
+        if not a_pre.size or not math.isfinite(T):
+            return T
+        sim = self.state.sim
+        rs = sim.rs
+        head = a_pre[:8]
+        slack = rs.next_deadline(sim.w, head) - now
+        need = np.cumsum(rs.num_tokens[head] - rs.num_computed[head])
+        inv = pl.time2bs(n_dec, ctx, int(np.mean(sim.w.input_tokens[head])))
+        fits = (slack < T) & (slack >= inv.min_time) & (need <= inv(np.maximum(slack, 0.0), 0))
+        return float(slack[fits.argmax()]) if fits.any() else T
 
     def _admit_placed(self, pl: Planner, inst: Instance, now: float) -> list[int]:
         """Requests placed here without an admission decision (not by this router): the DP admits them or they
@@ -792,6 +799,8 @@ class SLOsServeScheduler(Scheduler):
             # nothing fits in KV (only without admission control): preempt the latest-deadline request
             dl = dict(zip(inst.running, rs.next_deadline(st.sim.w, inst.running_array()).tolist()))
             return unstick(inst, lambda r: dl[r])
+        if reqs:
+            st.planner(inst).busy_until = now + self._time(inst, reqs, toks, sps)
         return Batch(req=np.asarray(reqs, np.int64), tokens=np.asarray(toks, np.int64),
                      spec=np.asarray(sps, np.int64) if any(sps) else None, preempt=tuple(preempt),
                      demote=tuple(demote))
