@@ -37,11 +37,15 @@ def _has_vllm(python: str) -> bool:
 
 @lru_cache(maxsize=None)
 def find_vllm_python() -> str | None:
-    """The first Python that can import vLLM: ``$SLOGYM_VLLM_PYTHON``, this one, or ``<repo>/.venv-vllm``."""
+    """The first Python that has vLLM: ``$SLOGYM_VLLM_PYTHON``, this one, or ``<repo>/.venv-vllm`` (built and
+    verified by ``make vllm-venv``)."""
     env = os.environ.get("SLOGYM_VLLM_PYTHON")
-    for cand in ([env] if env else []) + [sys.executable, str(REPO_VENV)]:
+    for cand in ([env] if env else []) + [sys.executable]:
         if cand and Path(cand).exists() and _has_vllm(cand):
             return cand
+    # the repo-local environment counts once 'make vllm-venv' has verified that vLLM imports there
+    if (REPO_VENV.parents[1] / ".ok").exists() and _has_vllm(str(REPO_VENV)):
+        return str(REPO_VENV)
     return None
 
 
@@ -74,7 +78,8 @@ class EngineConfig:
     """What the live engine is built with; ``num_blocks * block_size`` KV tokens (the pool the policy sees).
 
     block_size must be a multiple of 32 for vLLM's CPU attention. ``step_timeout`` bounds every engine step,
-    ``init_timeout`` the start-up (import + model load), both in seconds.
+    ``init_timeout`` the start-up (import + model load), both in seconds. ``nice`` (negative needs root) sets
+    the engine process's scheduling priority: on a shared machine it keeps other load out of the timings.
     """
 
     model: str
@@ -86,6 +91,7 @@ class EngineConfig:
     dtype: str = "float32"
     seed: int = 0
     threads: int = 1
+    nice: int = 0
     step_timeout: float = 60.0
     init_timeout: float = 600.0
     python: str | None = None
@@ -128,7 +134,7 @@ class VLLMEngine:
         self.iterations = 0
         cfg = {k: getattr(config, k) for k in ("model", "block_size", "num_blocks", "max_num_seqs",
                                                "max_num_batched_tokens", "max_model_len", "dtype", "seed",
-                                               "threads")}
+                                               "threads", "nice")}
         self.info = self._call({"cmd": "init", **cfg}, config.init_timeout, "start-up")
         if int(self.info["num_blocks"]) != config.num_blocks:
             self.close()

@@ -1,0 +1,189 @@
+"""Simulator-vs-engine fidelity: replay one trace window on a live vLLM engine and in the simulator.
+
+Steps (one engine process for all of them):
+
+1. profile the engine (``slogym.engines.profiler``, HyperFlexis App. A grid within the engine's limits) and fit
+   every perf-model family; keep the one with the lowest held-out MAPE (or ``--family``);
+2. take ``--requests`` requests of the Azure conversation trace (``../shared/traces``; a generated chat
+   workload when absent), scaled to the tiny model (token counts divided by ``--token-scale``, capped), with
+   arrivals rescaled to ``--rate``;
+3. for each policy: run it live (as fast as possible) and in the simulator with the fitted preset (same KV
+   pool, block size and limits), and compare.
+
+Printed: per-iteration time error (MAPE of the fitted model on every batch the live engine executed, and the
+measurement-noise floor of the profile's repeated points), per-request TTFT / mean TPOT / TTLT relative error
+(median, p90) and attainment live vs simulated. ``--json`` prints one object: the pooled metrics at top level
+and ``per_policy``.
+
+    python scripts/fidelity.py                      # tiny model in .cache/tiny-llama, 300 requests
+    python scripts/fidelity.py --quick --requests 60 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from slogym.baselines import make_policy
+from slogym.core.request import Request, Workload, decode, prefill
+from slogym.core.simulator import Simulator
+from slogym.engines.base import EngineSpec
+from slogym.engines.fitting import features_of, fit_perf_model
+from slogym.engines.live import EngineConfig, LiveSimulator, VLLMEngine, live_spec, make_tiny_model
+from slogym.engines.profiler import ProfileGrid, profile
+
+ROOT = Path(__file__).resolve().parents[1]
+AZURE = ROOT.parent / "shared" / "traces" / "azure_conv_2023.csv.gz"
+FAMILIES = ("quadratic", "linear-interaction", "roofline", "table")
+
+
+def trace_workload(n: int, rate: float, token_scale: float, max_prompt: int, max_out: int, ttft: float,
+                   tpot: float, seed: int) -> tuple[Workload, str]:
+    """``n`` requests of the Azure conversation trace (or a seeded synthetic chat mix), scaled to the tiny model."""
+    if AZURE.exists():
+        from slogym.workloads.readers import read_azure
+
+        tr = read_azure(AZURE, limit=n)
+        arrival, inp, out, src = tr.arrival, tr.input_tokens, tr.output_tokens, f"azure_conv_2023 first {n}"
+    else:
+        rng = np.random.default_rng(seed)
+        arrival = np.cumsum(rng.exponential(1.0, n)) - 1.0
+        inp, out = rng.lognormal(6.5, 1.0, n).astype(int) + 1, rng.lognormal(5.0, 0.8, n).astype(int) + 1
+        src = f"synthetic chat (seed {seed}; {AZURE} not found)"
+    span = float(arrival[-1] - arrival[0]) or 1.0
+    t = (arrival - arrival[0]) * ((n - 1) / rate / span)  # same shape of gaps, mean rate `rate`
+    p = np.clip(np.round(inp / token_scale), 4, max_prompt).astype(int)
+    o = np.clip(np.round(out / token_scale), 1, max_out).astype(int)
+    reqs = [Request(float(t[i]), [prefill(int(p[i]), ttft), decode(int(o[i]), tpot)]) for i in range(n)]
+    return Workload.from_requests(reqs), src
+
+
+def noise_floor(df: pd.DataFrame) -> float:
+    """Mean |t / median - 1| (%) over repeated measurements of the same batch: the error no model can beat."""
+    key = [c for c in df.columns if c not in ("time_s",)]
+    med = df.groupby(key)["time_s"].transform("median")
+    return float(np.mean(np.abs(df["time_s"] / med - 1.0)) * 100.0)
+
+
+def rel_err(sim: pd.Series, live: pd.Series) -> np.ndarray:
+    ok = np.isfinite(sim) & np.isfinite(live) & (live > 0)
+    return np.abs(sim[ok].to_numpy() / live[ok].to_numpy() - 1.0)
+
+
+def compare(live: LiveSimulator, sim: Simulator, spec: EngineSpec) -> dict[str, Any]:
+    it = live.iteration_records()
+    pred = spec.perf.batch_time(features_of(it))
+    ape = np.abs(pred / it["time_s"].to_numpy() - 1.0)
+    lr, sr = live.result(), sim.result()
+    a, b = lr.records, sr.records
+    errs = {m: rel_err(b[col], a[col]) for m, col in (("ttft", "ttft"), ("tpot", "mean_tpot"), ("ttlt", "ttlt"))}
+    out: dict[str, Any] = {"iterations_live": len(it), "iterations_sim": int(sum(i.iterations for i in sim.instances)),
+                           "iteration_mape": float(ape.mean() * 100.0),
+                           "_ape": ape, "_errs": errs}
+    for m, e in errs.items():
+        out[f"{m}_median_rel_err"] = float(np.median(e) * 100.0)
+        out[f"{m}_p90_rel_err"] = float(np.percentile(e, 90) * 100.0)
+    out |= {"attainment_live": float(lr.summary["attainment"]), "attainment_sim": float(sr.summary["attainment"]),
+            "makespan_live_s": float(live.end_time), "makespan_sim_s": float(sim.end_time),
+            "wall_live_s": float(live.wall_seconds)}
+    return out
+
+
+def pooled(per: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    ape = np.concatenate([p["_ape"] for p in per.values()])
+    out: dict[str, Any] = {"iteration_mape": float(ape.mean() * 100.0)}
+    for m in ("ttft", "tpot", "ttlt"):
+        e = np.concatenate([p["_errs"][m] for p in per.values()])
+        out[f"{m}_median_rel_err"] = float(np.median(e) * 100.0)
+        out[f"{m}_p90_rel_err"] = float(np.percentile(e, 90) * 100.0)
+    first = next(iter(per.values()))
+    out["attainment_live"], out["attainment_sim"] = first["attainment_live"], first["attainment_sim"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=str(ROOT / ".cache" / "tiny-llama"), help="model dir (built if absent)")
+    ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--rate", type=float, default=8.0, help="mean arrival rate (requests/s)")
+    ap.add_argument("--token-scale", type=float, default=4.0, help="divide trace token counts by this")
+    ap.add_argument("--max-prompt", type=int, default=768)
+    ap.add_argument("--max-out", type=int, default=128)
+    ap.add_argument("--ttft", type=float, default=0.25, help="TTFT SLO (s)")
+    ap.add_argument("--tpot", type=float, default=0.025, help="TPOT SLO (s)")
+    ap.add_argument("--policies", default="vllm,sarathi")
+    ap.add_argument("--family", choices=FAMILIES, help="perf-model family (default: best held-out MAPE)")
+    ap.add_argument("--quick", action="store_true", help="smaller profile grid")
+    ap.add_argument("--repeats", type=int, default=3, help="profile repeats per composition")
+    ap.add_argument("--blocks", type=int, default=256)
+    ap.add_argument("--max-num-seqs", type=int, default=32)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    ap.add_argument("--nice", type=int, default=0, help="engine process priority (negative needs root)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--save", metavar="DIR", help="write profile.csv, preset.json and the runs' records here")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    log = (lambda m: None) if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
+
+    model = make_tiny_model(args.model)
+    cfg = EngineConfig(model=str(model), num_blocks=args.blocks, max_num_seqs=args.max_num_seqs,
+                       max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_prompt + args.max_out,
+                       seed=args.seed, nice=args.nice)
+    w, src = trace_workload(args.requests, args.rate, args.token_scale, args.max_prompt, args.max_out, args.ttft,
+                            args.tpot, args.seed)
+    t0 = time.perf_counter()
+    with VLLMEngine(cfg) as engine:
+        log(f"engine up in {time.perf_counter() - t0:.1f} s (vLLM {engine.info['vllm']}); profiling ...")
+        grid = ProfileGrid.app_a(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.num_blocks * cfg.block_size,
+                                 cfg.max_model_len, quick=args.quick)
+        prof = profile(engine, grid, repeats=args.repeats)
+        fits = {f: fit_perf_model(prof, f, seed=args.seed) for f in ([args.family] if args.family else FAMILIES)}
+        family = min(fits, key=lambda f: fits[f][1]["holdout_mape_pct"])
+        perf, report = fits[family]
+        spec = live_spec(cfg, perf)
+        log(f"profiled {len(prof)} iterations; held-out MAPE by family: "
+            + ", ".join(f"{f} {r['holdout_mape_pct']:.1f}%" for f, (_, r) in fits.items()) + f"; using {family}")
+        per: dict[str, dict[str, Any]] = {}
+        for name in args.policies.split(","):
+            live = LiveSimulator(w, engine, make_policy(name, engine=spec), perf=spec).run()
+            sim = Simulator(w, spec, make_policy(name, engine=spec)).run()
+            per[name] = compare(live, sim, spec)
+            if args.save:
+                out = Path(args.save)
+                out.mkdir(parents=True, exist_ok=True)
+                live.result().records.to_csv(out / f"live_{name}.csv", index=False)
+                sim.result().records.to_csv(out / f"sim_{name}.csv", index=False)
+                live.iteration_records().to_csv(out / f"iterations_{name}.csv", index=False)
+            log(f"{name}: live {per[name]['iterations_live']} iterations in {per[name]['wall_live_s']:.1f} s")
+    if args.save:
+        prof.to_csv(Path(args.save) / "profile.csv", index=False)
+        (Path(args.save) / "preset.json").write_text(json.dumps(spec.to_dict(), indent=1, default=float) + "\n")
+    res = pooled(per) | {"family": family, "profile_rows": len(prof), "profile_holdout_mape": report["holdout_mape_pct"],
+                         "noise_floor_mape": noise_floor(prof), "workload": src, "requests": len(w),
+                         "per_policy": {k: {m: v for m, v in p.items() if not m.startswith("_")}
+                                        for k, p in per.items()}}
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    print(f"workload: {src}, {len(w)} requests at {args.rate}/s; perf model: {family} (profile held-out MAPE "
+          f"{report['holdout_mape_pct']:.1f}%, measurement noise floor {res['noise_floor_mape']:.1f}%)")
+    cols = ["iteration_mape", "ttft_median_rel_err", "ttft_p90_rel_err", "tpot_median_rel_err", "tpot_p90_rel_err",
+            "ttlt_median_rel_err", "ttlt_p90_rel_err", "attainment_live", "attainment_sim", "iterations_live",
+            "iterations_sim", "makespan_live_s", "makespan_sim_s"]
+    table = pd.DataFrame({k: res["per_policy"][k] for k in per}).loc[cols]
+    print(table.to_string(float_format=lambda v: f"{v:.3f}"))
+    print("(errors in %; pooled over policies: " + ", ".join(f"{k} {res[k]:.1f}" for k in
+                                                          ("iteration_mape", "ttft_median_rel_err",
+                                                           "tpot_median_rel_err", "ttlt_median_rel_err")) + ")")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
