@@ -56,15 +56,15 @@ def test_profile_table_budget_is_the_inverse_of_its_time() -> None:
     table = profile_table(ENGINE)
     kv = np.array([0, 50_000, 300_000, 700_000])
     for tpot in (0.02, 0.05, 0.1):
-        b = table.token_budget(kv, np.full(kv.size, tpot))
+        b = table.token_budget(kv, tpot)
         fits = b > 0
         assert fits[0], "an idle instance must fit some tokens within every tier's TPOT"
         assert (table.time(b[fits], kv[fits]) <= tpot + 1e-12).all()
         assert (table.time(b + 8, kv) > tpot).all()
         assert (table.time(np.ones(kv.size, np.int64), kv)[~fits] > tpot).all()  # 0 only when nothing fits
     # a tighter TPOT never gets a larger budget; more KV never a larger one either
-    assert (table.token_budget(kv, np.full(4, 0.02)) <= table.token_budget(kv, np.full(4, 0.05))).all()
-    assert np.all(np.diff(table.token_budget(kv, np.full(4, 0.05))) <= 0)
+    assert (table.token_budget(kv, 0.02) <= table.token_budget(kv, 0.05)).all()
+    assert np.all(np.diff(table.token_budget(kv, 0.05)) <= 0)
 
 
 # ---------------------------------------------------------------------------------------------- hand-built state
@@ -94,7 +94,7 @@ def test_load_gradient_picks_highest_load_attainable_instance() -> None:
             fleet.place(j, next(nxt), ctx)
     fleet.q_pre[:] = 0
     j = np.arange(4)
-    v = router.admission(j, 0, 0.0, np.full(4, 0.05))
+    v = router.admission(j, 0, 0.0, 0.05)
     assert v.ok.tolist() == [True, True, True, False]
     assert v.kv_peak[3] > fleet.cap[3] and np.argmax(v.load) == 3
     assert router.route(0, sim, 0.0) == 2  # the highest load among the attainable ones
@@ -117,7 +117,7 @@ def test_admission_counts_the_wait_for_the_current_iteration() -> None:
         fleet.place(1, r, 500)
     fleet.q_pre[:] = 0
     j = np.arange(2)
-    tpot = np.full(2, 0.1)
+    tpot = 0.1
     before = router.admission(j, 0, 0.0, tpot)
     assert before.ok.all() and router._pick(j, 0, 0.0, tpot) == 0
     fleet.busy_until[0] = 0.25  # ... but its current iteration ends in 250 ms: the TTFT (300 ms) is missed
@@ -150,8 +150,8 @@ def _placements(pol: object) -> list[tuple[int, int, int, bool]]:
         fleet.refresh_stale(now)
         t = int(fleet.rtier[req])
         own = np.flatnonzero(fleet.label == t)
-        full = not own.size or not router.admission(own, req, now, np.full(own.size, fleet.tiers[min(
-            t, fleet.n_tiers - 1)])).ok.any()
+        full = not own.size or not router.admission(own, req, now, float(fleet.tiers[min(t, fleet.n_tiers - 1)])
+                                                  ).ok.any()
         i = inner(req, sim, now)
         if i >= 0:
             log.append((req, i, int(fleet.label[i]), full))

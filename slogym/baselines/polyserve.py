@@ -66,7 +66,7 @@ router reads per-iteration state, so fast-forward would hide it); the pending re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -85,6 +85,7 @@ if TYPE_CHECKING:
 
 INF = float("inf")
 MAX_TIERS = 8
+BUDGET_POINTS = 257
 
 
 # ============================================================================ profile table (§4.5)
@@ -100,6 +101,7 @@ class ProfileTable:
     tokens: np.ndarray
     kv: np.ndarray
     times: np.ndarray
+    curves: dict[float, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, compare=False, repr=False)
 
     def time(self, tokens: np.ndarray, kv: np.ndarray) -> np.ndarray:
         """Predicted iteration time of batches of ``tokens`` tokens reading ``kv`` KV tokens (vectorized)."""
@@ -111,11 +113,9 @@ class ProfileTable:
         """:meth:`time` of one batch (the perf model's scalar path, bit-identical)."""
         return self.perf.batch_time_one(BatchFeatures(0, 0, 0, 0, int(tokens), int(tokens), int(kv), int(kv), 0))
 
-    def token_budget(self, kv: np.ndarray, tpot: np.ndarray) -> np.ndarray:
-        """Largest token batch whose predicted time at KV size ``kv`` stays within ``tpot`` (vectorized; 0 when
-        not even one token fits; the grid's largest value when everything fits)."""
-        kv = np.atleast_1d(np.asarray(kv, np.float64))
-        tpot = np.broadcast_to(np.asarray(tpot, np.float64), kv.shape)
+    def _budget_exact(self, kv: np.ndarray, tpot: float) -> np.ndarray:
+        """Inverse of the bilinear table along the token axis at KV sizes ``kv`` (0 when not even one token fits;
+        the grid's largest value when everything fits)."""
         kg, tg = self.kv, self.tokens
         j = np.clip(np.searchsorted(kg, kv, side="right") - 1, 0, kg.size - 2)
         w = np.maximum((kv - kg[j]) / (kg[j + 1] - kg[j]), 0.0)
@@ -126,11 +126,22 @@ class ProfileTable:
         c1 = col[lo + 1, np.arange(kv.size)]
         frac = np.clip((tpot - c0) / np.maximum(c1 - c0, 1e-12), 0.0, 1.0)
         inner = tg[lo] + frac * (tg[lo + 1] - tg[lo])
-        return np.where(k == 0, 0.0, np.where(k >= tg.size, tg[-1], inner)).astype(np.int64)
+        return np.where(k == 0, 0.0, np.where(k >= tg.size, tg[-1], inner))
+
+    def token_budget(self, kv: np.ndarray, tpot: float) -> np.ndarray:
+        """Largest token batch whose predicted time at KV size ``kv`` stays within ``tpot`` (vectorized over
+        ``kv``). The exact inverse is tabulated once per TPOT on a fine KV grid (``BUDGET_POINTS``) and
+        interpolated, which keeps the per-iteration call cheap."""
+        curve = self.curves.get(tpot)
+        if curve is None:
+            grid = np.linspace(self.kv[0], self.kv[-1], BUDGET_POINTS)
+            curve = self.curves[tpot] = (grid, self._budget_exact(grid, tpot))
+        out = np.interp(np.asarray(kv, np.float64), curve[0], curve[1])
+        return np.floor(out).astype(np.int64)
 
     def token_budget_one(self, kv: int, tpot: float) -> int:
         """:meth:`token_budget` of one instance."""
-        return int(self.token_budget(np.array([kv]), np.array([tpot]))[0])
+        return int(self.token_budget(kv, tpot))
 
 
 def profile_table(engine: Any, kv_points: int = 33) -> ProfileTable:
@@ -511,7 +522,7 @@ class MinimalRouter(_FleetRouter):
 class PolyServeRouter(_FleetRouter):
     """PolyServe's tiered router (§4.1-4.7; see the module docstring for the full rule)."""
 
-    def admission(self, j: np.ndarray, r: int, now: float, host_tpot: np.ndarray) -> Verdict:
+    def admission(self, j: np.ndarray, r: int, now: float, host_tpot: float) -> Verdict:
         """Admission of request ``r`` on instances ``j`` whose operating TPOT would be ``host_tpot``.
 
         TPOT: profile time of the decode batch (residents + 1) at the predicted peak KV <= host TPOT (§4.5).
@@ -528,20 +539,23 @@ class PolyServeRouter(_FleetRouter):
         width = int(n.max()) if n.size else 0
         peak = future_kv_peak(fleet.rem[j, :width], fleet.csum[j, :width], n, ctx, r0)
         batch = n + 1
-        t_dec = fleet.table.time(batch, peak)
         chunk = fleet.table.token_budget(peak, host_tpot) - batch
         todo = fleet.q_pre[j] + prompt
         step = np.maximum(chunk, 1)
         iters = -(-todo // step)
-        t_iter = fleet.table.time(batch + np.minimum(step, todo), peak)
+        # one table call for: the decode batch at the peak, a prefill iteration beside it, the current load
+        m = j.size
+        times = fleet.table.time(np.concatenate((batch, batch + np.minimum(step, todo), n)),
+                                 np.concatenate((peak, peak, fleet.kv_now[j])))
+        t_dec, t_iter, load = times[:m], times[m:2 * m], np.where(n > 0, times[2 * m:], 0.0)
         wait = np.maximum(fleet.busy_until[j] - now, 0.0)
         first = now + wait + iters * t_iter
         deadline = rs.ready[r] + w.stage_ttft[rs.stage[r]]
         ok = ((t_dec <= host_tpot) & (chunk >= 1) & (first <= deadline) & (peak <= fleet.cap[j])
               & (batch <= fleet.max_seqs[j]))
-        return Verdict(ok, fleet.cycle_time(j), peak, first)
+        return Verdict(ok, load, peak, first)
 
-    def _pick(self, j: np.ndarray, r: int, now: float, host_tpot: np.ndarray) -> int:
+    def _pick(self, j: np.ndarray, r: int, now: float, host_tpot: float) -> int:
         """The highest-load instance of ``j`` that admits ``r`` (ties: the first in ``j``), or -1."""
         if not j.size:
             return -1
@@ -567,7 +581,7 @@ class PolyServeRouter(_FleetRouter):
         for host in range(min(t, fleet.n_tiers - 1), -1, -1) if t < fleet.n_tiers else \
                 [fleet.n_tiers, *range(fleet.n_tiers - 1, -1, -1)]:
             j = np.flatnonzero(label == (fleet.POOL if host == fleet.n_tiers else host))
-            i = self._pick(j, req, now, np.full(j.size, fleet.label_tpot[host]))
+            i = self._pick(j, req, now, float(fleet.label_tpot[host]))
             if i >= 0:
                 return self._commit(req, i, sim)
         if t == fleet.n_tiers:  # best effort: the pool and every tier are full
@@ -575,7 +589,7 @@ class PolyServeRouter(_FleetRouter):
         # 3. scale-up: a pending instance holding only tier >= t requests, or an idle pool instance
         tighter = fleet.res_tier[:, :t].sum(axis=1) > 0
         j = np.flatnonzero(((label == fleet.PENDING) & ~tighter) | ((label == fleet.POOL) & ~tighter))
-        i = self._pick(j, req, now, np.full(j.size, fleet.tiers[t]))
+        i = self._pick(j, req, now, float(fleet.tiers[t]))
         if i >= 0:
             fleet.relabel(i, t, now)
             return self._commit(req, i, sim)
