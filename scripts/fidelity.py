@@ -121,11 +121,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default="vllm,sarathi")
     ap.add_argument("--family", choices=FAMILIES, help="perf-model family (default: best held-out MAPE)")
     ap.add_argument("--quick", action="store_true", help="smaller profile grid")
+    ap.add_argument("--warm-shapes", action="store_true", help="run every batch token count once before profiling")
     ap.add_argument("--repeats", type=int, default=3, help="profile repeats per composition")
     ap.add_argument("--blocks", type=int, default=256)
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument("--max-num-batched-tokens", type=int, default=1024)
     ap.add_argument("--nice", type=int, default=0, help="engine process priority (negative needs root)")
+    ap.add_argument("--timing", choices=("wall", "cpu"), default="wall",
+                    help="iteration time = wall or CPU time of the engine step (cpu: shared machines)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--save", metavar="DIR", help="write profile.csv, preset.json and the runs' records here")
     ap.add_argument("--json", action="store_true")
@@ -135,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     model = make_tiny_model(args.model)
     cfg = EngineConfig(model=str(model), num_blocks=args.blocks, max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_prompt + args.max_out,
-                       seed=args.seed, nice=args.nice)
+                       seed=args.seed, nice=args.nice, timing=args.timing)
     w, src = trace_workload(args.requests, args.rate, args.token_scale, args.max_prompt, args.max_out, args.ttft,
                             args.tpot, args.seed)
     t0 = time.perf_counter()
@@ -143,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"engine up in {time.perf_counter() - t0:.1f} s (vLLM {engine.info['vllm']}); profiling ...")
         grid = ProfileGrid.app_a(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.num_blocks * cfg.block_size,
                                  cfg.max_model_len, quick=args.quick)
-        prof = profile(engine, grid, repeats=args.repeats)
+        prof = profile(engine, grid, repeats=args.repeats, warm=args.warm_shapes, seed=args.seed)
         fits = {f: fit_perf_model(prof, f, seed=args.seed) for f in ([args.family] if args.family else FAMILIES)}
         family = min(fits, key=lambda f: fits[f][1]["holdout_mape_pct"])
         perf, report = fits[family]
@@ -172,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(res))
         return 0
-    print(f"workload: {src}, {len(w)} requests at {args.rate}/s; perf model: {family} (profile held-out MAPE "
+    print(f"workload: {src}, {len(w)} requests at {args.rate}/s; timing: {args.timing}; perf model: {family} (profile held-out MAPE "
           f"{report['holdout_mape_pct']:.1f}%, measurement noise floor {res['noise_floor_mape']:.1f}%)")
     cols = ["iteration_mape", "ttft_median_rel_err", "ttft_p90_rel_err", "tpot_median_rel_err", "tpot_p90_rel_err",
             "ttlt_median_rel_err", "ttlt_p90_rel_err", "attainment_live", "attainment_sim", "iterations_live",

@@ -356,7 +356,8 @@ def cmd_profile_run(args: argparse.Namespace) -> int:
     try:
         cfg = EngineConfig(model=str(model), block_size=args.block_size, num_blocks=args.blocks,
                            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                           max_model_len=args.max_model_len, step_timeout=args.step_timeout)
+                           max_model_len=args.max_model_len, step_timeout=args.step_timeout,
+                           timing=args.timing)
     except ValueError as e:
         raise UsageError(str(e)) from None
     grid = ProfileGrid.app_a(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.num_blocks * cfg.block_size,
@@ -364,7 +365,8 @@ def cmd_profile_run(args: argparse.Namespace) -> int:
     say = (lambda m: print(m, file=sys.stderr)) if not args.json and sys.stderr.isatty() else None
     try:
         with VLLMEngine(cfg) as engine:
-            df = profile(engine, grid, repeats=args.repeats, warmup=args.warmup, progress=say)
+            df = profile(engine, grid, repeats=args.repeats, warmup=args.warmup, progress=say,
+                         warm=args.warm_shapes)
     except EngineError as e:
         print(f"{PROG}: engine error: {e}", file=sys.stderr)
         return 1
@@ -530,6 +532,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-num-seqs", type=_bounded(int, 1), default=64, metavar="N", help="default 64")
     r.add_argument("--max-num-batched-tokens", type=_bounded(int, 1), default=2048, metavar="N", help="default 2048")
     r.add_argument("--max-model-len", type=_bounded(int, 1), default=2048, metavar="N", help="default 2048")
+    r.add_argument("--warm-shapes", action="store_true",
+                   help="first run one batch of every token count up to --max-num-batched-tokens (vLLM's CPU path "
+                        "pays a one-time cost per new batch shape)")
+    r.add_argument("--timing", choices=["wall", "cpu"], default="wall",
+                   help="record the wall time of each engine step, or its CPU time (single-threaded engine on a "
+                        "shared machine: the time without the OS running other work); default wall")
     r.add_argument("--step-timeout", type=_bounded(float, 0.0, strict=True), default=60.0, metavar="S",
                    help="seconds before a hung engine step is an error; default 60")
     r.add_argument("--json", action="store_true", help="print a JSON report")

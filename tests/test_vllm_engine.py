@@ -248,9 +248,10 @@ def test_profile_fit_simulate(engine: VLLMEngine, tmp_path: Any) -> None:
     assert len(df) == 2 * len(grid) and (df["time_s"] > 0).all()
     assert set(df["kind"]) == {"prefill", "decode", "mixed"}
     pre = df[df["kind"] == "prefill"]
-    assert (pre["prefill_tokens"].to_numpy() == np.repeat([16, 128, 256, 512], 2)).all()
+    assert sorted(pre["prefill_tokens"]) == sorted(np.repeat([16, 128, 256, 512], 2))
     dec = df[df["kind"] == "decode"]
-    assert (dec["decode_seqs"].to_numpy() == np.repeat([1, 4, 8], 2)).all()
+    assert sorted(dec["decode_seqs"]) == sorted(np.repeat([1, 4, 8], 2))
+    assert (dec["prefill_tokens"] == 0).all() and (pre["decode_seqs"] == 0).all()
     path = tmp_path / "records.csv"
     df.to_csv(path, index=False)
     preset = fit_profile(path, "quadratic", kv_capacity_tokens=engine.config.num_blocks * engine.config.block_size,

@@ -3,13 +3,14 @@
 The sweep follows HyperFlexis App. A (prefill batches over batch sizes x input lengths; decode steps over batch
 sizes x context lengths), scaled to the engine's limits, plus mixed chunked-prefill batches (a prefill chunk
 riding along a decode batch, the Sarathi/SLOs-Serve regime). Rows have the :class:`BatchFeatures` columns and
-``time_s`` -- exactly what :func:`slogym.engines.fitting.fit_perf_model` (``slogym profile fit``) reads -- plus
-``kind`` (prefill / decode / mixed) for inspection. Features are computed by the simulator's own feature
+``time_s`` (the step's wall or CPU time, per ``EngineConfig.timing``) -- exactly what
+:func:`slogym.engines.fitting.fit_perf_model` (``slogym profile fit``) reads -- plus ``kind`` (prefill / decode / mixed) for inspection. Features are computed by the simulator's own feature
 function, so a model fitted on these rows sees the same numbers in simulation.
 
 Deviation from App. A: the paper profiles batch sizes up to 192 and inputs up to 2020 tokens on an NPU; the
 default grid stops at the engine's ``max_num_seqs`` / ``max_num_batched_tokens`` / KV pool (a tiny CPU model
-would take minutes per point otherwise). ``warmup`` unmeasured iterations run before each point.
+would take minutes per point otherwise). ``warmup`` unmeasured iterations run before each point;
+:func:`warm_shapes` optionally runs every batch token count once first.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ class _Driver:
             self.nc[r] += n
             if self.nc[r] == self.nt[r]:
                 self.nt[r] += 1
-        return float(reply["time_s"]), feats
+        return self.engine.duration(reply), feats
 
     def release(self, rids: list[int] | None = None) -> None:
         """Abort ``rids`` (default: all) in the engine and forget them."""
@@ -119,18 +120,39 @@ class _Driver:
             self.step(items)
 
 
+def warm_shapes(engine: VLLMEngine, upto: int | None = None) -> None:
+    """Run one prefill batch of every token count 1..``upto`` (default ``max_num_batched_tokens``).
+
+    vLLM's CPU path pays a large one-time cost the first time it sees a batch of a new token count (~2x the
+    step on the tiny model: per-shape kernel setup); a long-running server has seen them all. Without this,
+    profiles (which repeat a shape) and live runs (which keep meeting new ones) measure different engines."""
+    d = _Driver(engine)
+    longest = engine.config.max_model_len - 1
+    for n in range(1, (upto or engine.config.max_num_batched_tokens) + 1):
+        parts = [longest] * (n // longest) + ([n % longest] if n % longest else [])
+        rids = [d.new(p, 1) for p in parts]
+        d.step(list(zip(rids, parts)))
+        d.release(rids)
+
+
 def profile(engine: VLLMEngine, grid: ProfileGrid | None = None, repeats: int = 3, warmup: int = 2,
-            progress: Callable[[str], None] | None = None) -> pd.DataFrame:
+            progress: Callable[[str], None] | None = None, warm: bool = False, seed: int = 0) -> pd.DataFrame:
     """Measure every composition of ``grid`` (default: App. A within the engine's limits) on ``engine``.
 
     Returns the records (BatchFeatures columns, ``time_s``, ``kind``). Each composition starts from an empty
-    engine; its setup iterations (prefilling the decode batch's context) are not recorded."""
+    engine; its setup iterations (prefilling the decode batch's context) are not recorded. Compositions run in
+    a seeded random order, so slow drifts of a shared machine's load do not line up with one feature's values.
+    ``warm`` first runs :func:`warm_shapes`."""
     cfg = engine.config
     kv_tokens = cfg.num_blocks * cfg.block_size
     if grid is None:
         grid = ProfileGrid.app_a(cfg.max_num_seqs, cfg.max_num_batched_tokens, kv_tokens, cfg.max_model_len)
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats={repeats} must be >= 1 and warmup={warmup} >= 0")
+    if warm:
+        if progress is not None:
+            progress(f"warming up batch shapes 1..{cfg.max_num_batched_tokens} tokens")
+        warm_shapes(engine)
     d = _Driver(engine)
     rows: list[dict[str, Any]] = []
 
@@ -140,7 +162,8 @@ def profile(engine: VLLMEngine, grid: ProfileGrid | None = None, repeats: int = 
     steps = warmup + repeats
     points = [("prefill", p) for p in grid.prefill] + [("decode", p) for p in grid.decode] + \
              [("mixed", p) for p in grid.mixed]
-    for k, (kind, point) in enumerate(points):
+    order = np.random.default_rng(seed).permutation(len(points))
+    for k, (kind, point) in enumerate(points[j] for j in order):
         if progress is not None:
             progress(f"[{k + 1}/{len(points)}] {kind} {point}")
         if kind == "prefill":

@@ -24,6 +24,7 @@ from slogym.core.errors import EngineError
 from slogym.engines.live import worker as _worker
 
 WORKER = Path(_worker.__file__).resolve()
+TIMINGS = ("wall", "cpu")
 REPO_VENV = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
 
 
@@ -79,7 +80,10 @@ class EngineConfig:
 
     block_size must be a multiple of 32 for vLLM's CPU attention. ``step_timeout`` bounds every engine step,
     ``init_timeout`` the start-up (import + model load), both in seconds. ``nice`` (negative needs root) sets
-    the engine process's scheduling priority: on a shared machine it keeps other load out of the timings.
+    the engine process's scheduling priority. ``timing`` is what an iteration's duration is: ``wall`` (the
+    elapsed time of the engine step) or ``cpu`` (the engine process's CPU time during the step -- on a shared,
+    oversubscribed machine the time the step would take on a dedicated core, without the periods the OS ran
+    other work; meaningful with ``threads=1``).
     """
 
     model: str
@@ -92,6 +96,7 @@ class EngineConfig:
     seed: int = 0
     threads: int = 1
     nice: int = 0
+    timing: str = "wall"
     step_timeout: float = 60.0
     init_timeout: float = 600.0
     python: str | None = None
@@ -105,6 +110,8 @@ class EngineConfig:
         if self.max_model_len > self.num_blocks * self.block_size:
             raise ValueError(f"max_model_len={self.max_model_len} exceeds the KV pool "
                              f"({self.num_blocks} blocks x {self.block_size} tokens)")
+        if self.timing not in TIMINGS:
+            raise ValueError(f"EngineConfig.timing={self.timing!r}; expected one of {TIMINGS}")
         if not (self.step_timeout > 0 and self.init_timeout > 0):
             raise ValueError("step_timeout and init_timeout must be > 0")
 
@@ -113,9 +120,10 @@ class VLLMEngine:
     """One live vLLM engine in a child process, stepped with explicit batches.
 
     ``step(plan, add=, abort=, preempt=)`` runs one engine iteration whose batch is ``plan`` =
-    ``[(request, tokens, computed_before, known_tokens), ...]`` and returns the worker's reply: ``time_s`` (wall
-    time of ``LLMEngine.step()``), ``finished`` (requests vLLM completed), ``state`` (computed/known tokens after
-    the step). Any failure raises :class:`EngineError` and leaves the engine closed.
+    ``[(request, tokens, computed_before, known_tokens), ...]`` and returns the worker's reply: ``time_s`` and
+    ``cpu_s`` (wall and CPU time of ``LLMEngine.step()``), ``executed`` (the batch vLLM ran), ``finished``
+    (requests vLLM completed), ``state`` (computed/known tokens after the step). :meth:`duration` picks the
+    configured timing. Any failure raises :class:`EngineError` and leaves the engine closed.
     """
 
     def __init__(self, config: EngineConfig) -> None:
@@ -206,6 +214,10 @@ class VLLMEngine:
         reply = self._call(msg, self.config.step_timeout, f"step {self.iterations}")
         self.iterations += 1
         return reply
+
+    def duration(self, reply: dict[str, Any]) -> float:
+        """The iteration time of a step reply under this engine's ``timing``."""
+        return float(reply["cpu_s"] if self.config.timing == "cpu" else reply["time_s"])
 
     def abort(self, requests: list[int]) -> int:
         """Abort ``requests`` in the engine (their KV is freed) without running a step; returns the engine's

@@ -9,8 +9,8 @@ one it dropped is aborted. Before every step the engine checks that its computed
 planned request equal the simulator's, so the two ledgers cannot drift silently.
 
 Clocks: ``afap`` (as fast as possible) keeps arrivals virtual and advances the clock by measured iteration
-times only; ``real`` sleeps until each iteration's start time has come on the wall clock (arrival offsets from
-the start of the run), and an iteration's duration is wall time from its scheduled start to the end of the
+times only (wall or CPU time of the engine step, per ``EngineConfig.timing``); ``real`` sleeps until each
+iteration's start time has come on the wall clock (arrival offsets from the start of the run), and an iteration's duration is wall time from its scheduled start to the end of the
 engine step, so policy and IPC overhead and any lateness count as they would in a real server.
 
 What the live backend cannot express (raises :class:`UnsupportedOnLiveEngine` naming the value): speculative
@@ -98,7 +98,7 @@ class LiveSimulator(Simulator):
         self._known: list[set[int]] = [set() for _ in range(n)]      # requests the engine holds
         self._freed: list[set[int]] = [set() for _ in range(n)]      # KV dropped by the simulator since last step
         self._engine_done: list[set[int]] = [set() for _ in range(n)]  # finished by the engine itself
-        self._iter_log: list[tuple[int, float, float, BatchFeatures]] = []
+        self._iter_log: list[tuple[int, float, float, float, float, BatchFeatures]] = []
         self.error: str | None = None
 
     def run(self) -> "LiveSimulator":
@@ -169,7 +169,7 @@ class LiveSimulator(Simulator):
             if lag > 0:
                 time.sleep(lag)
         reply = eng.step(plan, add=add, abort=abort, preempt=preempt)
-        dt = time.perf_counter() - start if self.clock == "real" else float(reply["time_s"])
+        dt = time.perf_counter() - start if self.clock == "real" else eng.duration(reply)
         self._engine_done[i].update(reply["finished"])
         if reply["executed"] != {r: n for r, n, _, _ in plan}:
             raise EngineError(f"instance {i}: the engine executed {reply['executed']}, the policy's batch was "
@@ -179,7 +179,8 @@ class LiveSimulator(Simulator):
             if got is not None and got[0] != c + n:
                 raise EngineError(f"instance {i}: request {r} has {got[0]} computed tokens in the engine after "
                                   f"the step, the simulator expects {c + n}")
-        self._iter_log.append((i, self.now, float(reply["time_s"]), features))
+        self._iter_log.append((i, self.now, eng.duration(reply), float(reply["time_s"]), float(reply["cpu_s"]),
+                               features))
         return dt
 
     def _resolve_freed(self, i: int) -> tuple[list[int], list[int]]:
@@ -217,11 +218,12 @@ class LiveSimulator(Simulator):
 
     # ---------------------------------------------------------------- results
     def iteration_records(self) -> pd.DataFrame:
-        """One row per executed iteration: ``instance``, ``start`` (sim time), the BatchFeatures columns and
-        ``time_s`` (measured engine step) -- the columns ``slogym profile fit`` reads."""
+        """One row per executed iteration: ``instance``, ``start`` (sim time), the BatchFeatures columns,
+        ``time_s`` (the engine step under the engine's timing; the columns ``slogym profile fit`` reads),
+        ``wall_s`` and ``cpu_s``."""
         rows = [{"instance": i, "start": t, **{k: int(v) for k, v in zip(BatchFeatures._fields, f)},
-                 "time_s": dt} for i, t, dt, f in self._iter_log]
-        cols = ["instance", "start", *BatchFeatures._fields, "time_s"]
+                 "time_s": dt, "wall_s": wall, "cpu_s": cpu} for i, t, dt, wall, cpu, f in self._iter_log]
+        cols = ["instance", "start", *BatchFeatures._fields, "time_s", "wall_s", "cpu_s"]
         return pd.DataFrame(rows, columns=cols)
 
 

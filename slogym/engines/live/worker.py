@@ -7,7 +7,8 @@ pickles on the stdout/stdin pipes it was started with (anything vLLM prints goes
 ``init``   build the engine (in-process EngineCore, no async scheduling, no prefix caching, KV pool of exactly
            ``num_blocks`` usable blocks) with :class:`PlanScheduler` in place of vLLM's scheduler
 ``step``   add new requests, abort some, then run ONE engine step whose batch is the plan sent with it;
-           reply with the measured wall time of ``LLMEngine.step()`` and every planned request's token counts
+           reply with the wall and CPU time of ``LLMEngine.step()``, the batch vLLM executed, and every planned
+           request's token counts after it
 ``abort``  abort requests (free their KV) without stepping
 ``stop``   shut the engine down and exit
 
@@ -208,9 +209,9 @@ class Worker:
         self.sched.plan = ([self.ids[r] for r in msg.get("preempt", ())],
                            [(self.ids[r], n, nc, nt) for r, n, nc, nt in plan])
         try:
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             outs = self.engine.step()
-            dt = time.perf_counter() - t0
+            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         finally:
             self.sched.plan = None
         rev = {v: k for k, v in self.ids.items()}
@@ -221,7 +222,7 @@ class Worker:
         reqs = self.sched.requests
         state = {r: (reqs[self.ids[r]].num_computed_tokens, reqs[self.ids[r]].num_tokens)
                  for r, *_ in plan if r in self.ids}
-        return {"ok": True, "time_s": dt, "finished": finished, "state": state, "executed": executed,
+        return {"ok": True, "time_s": dt, "cpu_s": cpu, "finished": finished, "state": state, "executed": executed,
                 "free_blocks": self.sched.kv_cache_manager.block_pool.get_num_free_blocks()}
 
 
