@@ -551,7 +551,7 @@ class ScalingEnv(ServingEnv):
 
     def comparison_table(self, agent: str | None, wins: list[tuple[Any, int]]) -> str:
         """Markdown table, mean (std) over ``wins``: the shipped agent ``agent`` (if given), uniformly random
-        deltas, the threshold scaler and static provisioning with every pool size ``min..max``."""
+        deltas, the threshold scaler and static provisioning with every pool size ``1..max_instances``."""
         from slogym.agents import env_policy, load
 
         rng = np.random.default_rng(0)
@@ -563,7 +563,7 @@ class ScalingEnv(ServingEnv):
                      self.n_instances))
         rows.append(("threshold (HyperFlexis-style)", lambda: self.baseline_policy("threshold"), self.n_instances))
         rows += [(f"static-{n}", lambda n=n: self.baseline_policy("static", n), n)
-                 for n in range(self.layout.min, self.layout.max + 1)]
+                 for n in range(1, self.layout.max + 1)]
         keys = ("reward", "gain", "instance_seconds", "attainment", "goodput")
         lines = [f"| policy | reward ({self.reward_name} - {self.lam:g} x inst-s) | {self.reward_name} | "
                  f"instance-seconds | attainment | goodput (req/s) |", "|---|---|---|---|---|---|"]
