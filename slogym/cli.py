@@ -370,6 +370,10 @@ def cmd_profile_run(args: argparse.Namespace) -> int:
     except EngineError as e:
         print(f"{PROG}: engine error: {e}", file=sys.stderr)
         return 1
+    if args.median:
+        from slogym.engines.profiler import aggregate
+
+        df = aggregate(df)
     df.to_csv(args.out, index=False)
     report = {"out": args.out, "rows": len(df), "points": len(grid), "kv_tokens": cfg.num_blocks * cfg.block_size,
               "median_time_s": {k: float(v) for k, v in df.groupby("kind")["time_s"].median().items()}}
@@ -523,7 +527,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", required=True, metavar="RECORDS.csv", help="where to write the records")
     r.add_argument("--quick", action="store_true", help="every other grid value (a smoke-sized sweep)")
     r.add_argument("--repeats", type=_bounded(int, 1), default=3, metavar="N",
-                   help="measured iterations per composition; default 3")
+                   help="passes over the grid (shuffled), one measured iteration per composition each; default 3")
+    r.add_argument("--median", action="store_true",
+                   help="write one row per composition with the median time of its repeats (robust fits)")
     r.add_argument("--warmup", type=_bounded(int, 0), default=2, metavar="N",
                    help="unmeasured iterations before each composition; default 2")
     r.add_argument("--blocks", type=_bounded(int, 1), default=256, metavar="N", help="KV blocks; default 256")

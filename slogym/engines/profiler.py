@@ -139,10 +139,12 @@ def profile(engine: VLLMEngine, grid: ProfileGrid | None = None, repeats: int = 
             progress: Callable[[str], None] | None = None, warm: bool = False, seed: int = 0) -> pd.DataFrame:
     """Measure every composition of ``grid`` (default: App. A within the engine's limits) on ``engine``.
 
-    Returns the records (BatchFeatures columns, ``time_s``, ``kind``). Each composition starts from an empty
-    engine; its setup iterations (prefilling the decode batch's context) are not recorded. Compositions run in
-    a seeded random order, so slow drifts of a shared machine's load do not line up with one feature's values.
-    ``warm`` first runs :func:`warm_shapes`."""
+    Returns the records: BatchFeatures columns, ``time_s``, ``kind`` and ``pass``. The grid is swept ``repeats``
+    times (passes), each pass in its own seeded random order, and each visit measures one iteration after
+    ``warmup`` unmeasured ones of the same composition; repeats of one batch are therefore minutes apart, so a
+    shared machine's load phases spread over all compositions instead of lining up with some (use
+    :func:`aggregate` for one median row per composition). Each visit starts from an empty engine; its setup
+    iterations (prefilling a decode batch's context) are not recorded. ``warm`` first runs :func:`warm_shapes`."""
     cfg = engine.config
     kv_tokens = cfg.num_blocks * cfg.block_size
     if grid is None:
@@ -155,46 +157,47 @@ def profile(engine: VLLMEngine, grid: ProfileGrid | None = None, repeats: int = 
         warm_shapes(engine)
     d = _Driver(engine)
     rows: list[dict[str, Any]] = []
-
-    def record(kind: str, dt: float, f: BatchFeatures) -> None:
-        rows.append({"kind": kind, **{k: int(v) for k, v in zip(BatchFeatures._fields, f)}, "time_s": dt})
-
-    steps = warmup + repeats
     points = [("prefill", p) for p in grid.prefill] + [("decode", p) for p in grid.decode] + \
              [("mixed", p) for p in grid.mixed]
-    order = np.random.default_rng(seed).permutation(len(points))
-    for k, (kind, point) in enumerate(points[j] for j in order):
-        if progress is not None:
-            progress(f"[{k + 1}/{len(points)}] {kind} {point}")
-        if kind == "prefill":
-            b, n = point
-            for rep in range(steps):
-                rids = [d.new(n, 1) for _ in range(b)]
-                dt, f = d.step([(r, n) for r in rids])
-                if rep >= warmup:
-                    record(kind, dt, f)
-                d.release()
-            continue
-        b, n = point[0], point[1]
-        rids = [d.new(n, steps + 2) for _ in range(b)]
-        d.prefill_all(rids, cfg.max_num_batched_tokens)
-        chunk = point[2] if kind == "mixed" else 0
-        for rep in range(steps):
-            items = [(r, 1) for r in rids]
-            if chunk:
-                p = d.new(chunk + 1, 1)
-                items.append((p, chunk))
-            dt, f = d.step(items)
-            if chunk:
-                d.release([p])
-            if rep >= warmup:
-                record(kind, dt, f)
-        d.release()
-    cols = ["kind", *BatchFeatures._fields, "time_s"]
-    return pd.DataFrame(rows, columns=cols)
+    rng = np.random.default_rng(seed)
+    for rep in range(repeats):
+        for k, j in enumerate(rng.permutation(len(points))):
+            kind, point = points[j]
+            if progress is not None:
+                progress(f"pass {rep + 1}/{repeats} [{k + 1}/{len(points)}] {kind} {point}")
+            dt, f = _visit(d, kind, point, warmup, cfg.max_num_batched_tokens)
+            rows.append({"kind": kind, **{k: int(v) for k, v in zip(BatchFeatures._fields, f)}, "time_s": dt,
+                         "pass": rep})
+    return pd.DataFrame(rows, columns=["kind", *BatchFeatures._fields, "time_s", "pass"])
 
 
-def profile_to_csv(engine: VLLMEngine, path: str, **kw: Any) -> pd.DataFrame:
-    df = profile(engine, **kw)
-    df.to_csv(path, index=False)
-    return df
+def _visit(d: _Driver, kind: str, point: tuple[int, ...], warmup: int, budget: int) -> tuple[float, BatchFeatures]:
+    """``warmup`` + 1 iterations of one composition from an empty engine; returns the last one's time."""
+    if kind == "prefill":
+        b, n = point
+        for _ in range(warmup + 1):
+            rids = [d.new(n, 1) for _ in range(b)]
+            out = d.step([(r, n) for r in rids])
+            d.release()
+        return out
+    b, n = point[0], point[1]
+    rids = [d.new(n, warmup + 3) for _ in range(b)]
+    d.prefill_all(rids, budget)
+    chunk = point[2] if kind == "mixed" else 0
+    for _ in range(warmup + 1):
+        items = [(r, 1) for r in rids]
+        if chunk:
+            p = d.new(chunk + 1, 1)
+            items.append((p, chunk))
+        out = d.step(items)
+        if chunk:
+            d.release([p])
+    d.release()
+    return out
+
+
+def aggregate(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per composition (kind + features) with the median ``time_s`` of its repeats and their count."""
+    key = ["kind", *BatchFeatures._fields]
+    g = df.groupby(key, sort=False)["time_s"]
+    return pd.concat([g.median(), g.size().rename("n")], axis=1).reset_index()
