@@ -3,13 +3,16 @@ admission, lazy promotion, nothing lost, determinism, Routing-v0 expert, and a s
 
 from __future__ import annotations
 
+import inspect
+
 import gymnasium as gym
 import numpy as np
 import pytest
 
 from helpers import assert_runs_equal
 from slogym.baselines import make_policy
-from slogym.baselines.polyserve import POLICIES, future_kv_peak, profile_table
+from slogym.baselines.polyserve import (POLICIES, dynamic_chunk, dynamic_chunk_time, future_kv_peak,
+                                        profile_table)
 from slogym.core.policy import DEFER
 from slogym.core.request import Request, Workload, decode, prefill
 from slogym.core.simulator import Simulator
@@ -19,6 +22,9 @@ from slogym.workloads.scenarios import make_workload
 
 ENGINE = get_engine("llama3-8b-h200")
 CO = ("polyserve-co", "polyserve-co-random", "polyserve-co-minimal", "polyserve-co-chunk")
+PD = ("polyserve-pd", "polyserve-pd-random", "polyserve-pd-minimal")
+needs_pd = pytest.mark.skipif("pd" not in inspect.signature(Simulator).parameters,
+                              reason="the simulator's prefill/decode roles (cluster API) have not landed")
 
 
 def _tiers(n: int, rate: float, seed: int = 1) -> Workload:
@@ -91,8 +97,7 @@ def test_load_gradient_picks_highest_load_attainable_instance() -> None:
     nxt = iter(range(1, 400))
     for j, (count, ctx) in enumerate([(0, 0), (10, 300), (40, 300), (60, 14_100)]):
         for _ in range(count):
-            fleet.place(j, next(nxt), ctx)
-    fleet.q_pre[:] = 0
+            fleet.place(j, next(nxt), ctx, 0)
     j = np.arange(4)
     v = router.admission(j, 0, 0.0, 0.05)
     assert v.ok.tolist() == [True, True, True, False]
@@ -112,10 +117,9 @@ def test_admission_counts_the_wait_for_the_current_iteration() -> None:
     for j in range(2):
         fleet.relabel(j, 0, 0.0)
     for r in range(1, 21):
-        fleet.place(0, r, 500)   # instance 0: higher load ...
+        fleet.place(0, r, 500, 0)   # instance 0: higher load ...
     for r in range(21, 26):
-        fleet.place(1, r, 500)
-    fleet.q_pre[:] = 0
+        fleet.place(1, r, 500, 0)
     j = np.arange(2)
     tpot = 0.1
     before = router.admission(j, 0, 0.0, tpot)
@@ -245,3 +249,70 @@ def test_routing_env_expert_is_polyserve() -> None:
         steps += 1
     assert steps >= 150 and placed > 0
     assert (env.sim.rs.status == Status.DONE).all()
+
+
+# ---------------------------------------------------------------------------------------------- disaggregated (PD)
+def test_dynamic_chunking_rule() -> None:
+    assert dynamic_chunk(300, 1024) == (300, 724)       # fits: the rest of the budget stays for others
+    assert dynamic_chunk(2047, 1024) == (2047, 0)       # below 2x the budget: finished at once, nothing joins
+    assert dynamic_chunk(1025, 1024) == (1025, 0)
+    assert dynamic_chunk(2048, 1024) == (1024, 0)       # 2x or more: one budget-sized chunk
+    # the paper's example: 2050 tokens take 2 iterations (1024 + 1026) instead of 3 with plain chunks
+    left, chunks = 2050, []
+    while left:
+        c, _ = dynamic_chunk(left, 1024)
+        chunks.append(c)
+        left -= c
+    assert chunks == [1024, 1026]
+    table = profile_table(ENGINE)
+    t = dynamic_chunk_time(table, np.array([300, 2050, 5000]), 1024)
+    assert t[1] == pytest.approx(float(table.time(np.array([1024, 1026]), np.zeros(2, np.int64)).sum()))
+    assert t[2] == pytest.approx(float(table.time(np.array([1024, 1024, 1024, 1928]), np.zeros(4, np.int64)).sum()))
+
+
+@needs_pd
+def test_pd_prefill_instance_uses_dynamic_chunks() -> None:
+    w = Workload.from_requests([Request(0.0, [prefill(2050, 5.0), decode(5, 0.1)])])
+    chunks: dict[str, list[int]] = {}
+    for name in ("polyserve-pd", "polyserve-pd-minimal"):
+        pol = make_policy(name, ENGINE)
+        inner, log = pol.scheduler.next_batch, []
+
+        def record(inst, now, inner=inner, log=log):
+            b = inner(inst, now)
+            if b is not None and inst.role == 1 and len(b):
+                log.append(int(b.tokens.sum()))
+            return b
+
+        pol.scheduler.next_batch = record
+        sim = Simulator(w, ENGINE, pol, pd=(1, 1)).run()
+        assert sim.rs.outcome[0] == Outcome.FINISHED
+        chunks[name] = log
+    assert chunks["polyserve-pd"] == [1024, 1026]
+    assert chunks["polyserve-pd-minimal"] == [1024, 1024, 2]
+
+
+@needs_pd
+@pytest.mark.parametrize("name", PD)
+def test_pd_every_request_one_outcome_and_no_looser_decode_host(name: str) -> None:
+    w = _tiers(500, rate=70.0, seed=3)
+    pol = make_policy(name, ENGINE)
+    hosts: list[tuple[int, int]] = []
+    inner = pol.router.route_decode
+
+    def route_decode(req, sim, now):
+        i = inner(req, sim, now)
+        hosts.append((req, int(pol.router.core.fleet.label[i])))
+        return i
+
+    pol.router.route_decode = route_decode
+    sim = Simulator(w, ENGINE, pol, pd=(2, 3))
+    sim.completed = []
+    sim.run()
+    assert sorted(sim.completed) == list(range(len(w)))
+    assert not {"deferred_at_end", "transfer_at_end", "never_scheduled"} & set(sim.dropped_reasons)
+    fleet = pol.router.core.fleet
+    assert hosts and all(sim.instances[int(sim.rs.instance[r])].role == 2 or sim.rs.outcome[r] != Outcome.FINISHED
+                         for r, _ in hosts)
+    if name == "polyserve-pd":
+        assert all(label <= fleet.rtier[r] for r, label in hosts if fleet.rtier[r] < fleet.n_tiers)

@@ -75,7 +75,7 @@ import numpy as np
 from slogym.baselines.common import (batch_of, fill_prefill_chunks, make_room_for_decodes, split_running,
                                      unstick)
 from slogym.core.batch import Batch, BatchFeatures
-from slogym.core.instance import Instance
+from slogym.core.instance import Instance, Role
 from slogym.core.policy import BEST_EFFORT, DEFER, Policy, Router, Scaler, Scheduler
 from slogym.core.state import Status
 from slogym.engines.perf_models import TablePerf
@@ -221,7 +221,8 @@ class Fleet:
     """Per-instance arrays the router decides on (vectorized over instances), refreshed by the scheduler at each
     batch formation and by the router at each placement.
 
-    label      tier index, ``POOL`` (= n_tiers + 1: best-effort pool, idle) or ``PENDING`` (= n_tiers + 2)
+    label      tier index, ``POOL`` (= n_tiers + 1: best-effort pool, idle), ``PENDING`` (= n_tiers + 2), or
+               ``PREFILL`` (= n_tiers + 3: a prefill instance of a disaggregated cluster, shared by all tiers)
     n_res      resident requests (running + waiting);  kv_now  their known length sum (KV at the next step)
     q_pre      prompt tokens still to prefill after the iteration in flight
     busy_until predicted end of the iteration in flight (profile table; §4.6 wait time)
@@ -234,12 +235,15 @@ class Fleet:
         w = sim.w
         self.sim, self.table, self.tiers, self.avg_len = sim, table, tiers, float(avg_len)
         self.n_tiers = tiers.size
-        self.POOL, self.PENDING = self.n_tiers + 1, self.n_tiers + 2
-        # TPOT each label imposes: tiers, best effort (none), pool (none), pending (its residents decide)
-        self.label_tpot = np.concatenate((tiers, [INF, INF, INF]))
+        self.POOL, self.PENDING, self.PREFILL = self.n_tiers + 1, self.n_tiers + 2, self.n_tiers + 3
+        # TPOT each label imposes: tiers, best effort (none), pool (none), pending (its residents decide), prefill
+        self.label_tpot = np.concatenate((tiers, [INF, INF, INF, INF]))
         self.rtier = request_tiers(w.min_tpot, w.best_effort, tiers)
         self.rtpot = np.minimum(w.min_tpot, INF)
-        self.label = np.full(n, self.POOL, np.int64)
+        role = np.array([int(i.role) for i in sim.instances])
+        self.prefill = np.flatnonzero(role == Role.PREFILL)     # roles are fixed for the run (a fixed fleet)
+        self.decode = np.flatnonzero(role == Role.DECODE)
+        self.label = np.where(role == Role.PREFILL, self.PREFILL, self.POOL).astype(np.int64)
         self.n_res = np.zeros(n, np.int64)
         self.kv_now = np.zeros(n, np.int64)
         self.q_pre = np.zeros(n, np.int64)
@@ -284,9 +288,9 @@ class Fleet:
         self.q_pre[j] = int((ctx - rs.num_computed[res]).sum()) - chunk_tokens
         self.res_tier[j] = np.bincount(self.rtier[res], minlength=self.n_tiers + 1)
 
-    def place(self, j: int, r: int, ctx: int) -> None:
-        """Request ``r`` (``ctx`` tokens to prefill) joins instance ``j``: insert it into the row at once so the
-        next arrival inside the same iteration sees it."""
+    def place(self, j: int, r: int, ctx: int, prompt: int) -> None:
+        """Request ``r`` (``ctx`` tokens long, ``prompt`` of them still to prefill) joins instance ``j``: insert it
+        into the row at once so the next arrival inside the same iteration sees it."""
         n = int(self.n_res[j])
         self._fit(n + 1)
         r0 = int(self.avg_len) if self.avg_len >= 1 else 1
@@ -298,7 +302,7 @@ class Fleet:
         cs[pos] = (cs[pos - 1] if pos else 0) + ctx
         self.n_res[j] = n + 1
         self.kv_now[j] += ctx
-        self.q_pre[j] += ctx
+        self.q_pre[j] += prompt
         self.res_tier[j, self.rtier[r]] += 1
 
     def _fit(self, n: int) -> None:
@@ -359,8 +363,10 @@ class Fleet:
         return min(own, float(np.where(self.sim.rs.be[res], INF, self.rtpot[res]).min()))
 
     def cycle_time(self, idx: np.ndarray | slice = slice(None)) -> np.ndarray:
-        """Predicted time of each instance's current decode batch (the load, and Minimal's cycle time)."""
-        return np.where(self.n_res[idx] > 0, self.table.time(self.n_res[idx], self.kv_now[idx]), 0.0)
+        """Predicted time of an iteration of everything outstanding on each instance: its residents' decode
+        steps plus its queued prompt tokens, at its KV size (Minimal's cycle time)."""
+        n = self.n_res[idx]
+        return np.where(n > 0, self.table.time(n + self.q_pre[idx], self.kv_now[idx]), 0.0)
 
 
 def request_tiers(min_tpot: np.ndarray, best_effort: np.ndarray, tiers: np.ndarray) -> np.ndarray:
@@ -383,9 +389,13 @@ def workload_tiers(min_tpot: np.ndarray, best_effort: np.ndarray) -> np.ndarray:
 class PolyCore:
     """State shared by a PolyServe policy's router, scheduler and scaler for one run."""
 
-    def __init__(self, tiers: tuple[float, ...] | None = None, avg_decode_len: float | None = None) -> None:
+    def __init__(self, tiers: tuple[float, ...] | None = None, avg_decode_len: float | None = None,
+                 prefill_budget: int = 1024) -> None:
         if avg_decode_len is not None and not avg_decode_len >= 1:
             raise ValueError(f"avg_decode_len={avg_decode_len!r}; must be >= 1 token")
+        if prefill_budget < 1:
+            raise ValueError(f"prefill_budget={prefill_budget!r}; must be >= 1 token")
+        self.prefill_budget = prefill_budget
         if tiers is not None and (not len(tiers) or any(not (t > 0) for t in tiers)):
             raise ValueError(f"tiers={tiers!r}; must be positive TPOTs in seconds")
         self.tiers = tiers
@@ -416,12 +426,13 @@ class PolyScheduler(Scheduler):
     """
 
     def __init__(self, core: PolyCore, token_budget: int | None = None, min_chunk: int = 32,
-                 max_num_seqs: int = 256) -> None:
+                 max_num_seqs: int = 256, dynamic: bool = True) -> None:
         if token_budget is not None and token_budget < 1:
             raise ValueError(f"token_budget={token_budget!r}; must be >= 1 (or None for the profile budget)")
         if min_chunk < 1 or max_num_seqs < 1:
             raise ValueError(f"min_chunk={min_chunk!r} and max_num_seqs={max_num_seqs!r} must be >= 1")
         self.core, self.token_budget, self.min_chunk, self.max_num_seqs = core, token_budget, min_chunk, max_num_seqs
+        self.dynamic = dynamic
 
     def reset(self, sim: "Simulator") -> None:
         self.core.ensure(sim)
@@ -441,6 +452,8 @@ class PolyScheduler(Scheduler):
         if not (dec.size or pre.size or inst.waiting):
             fleet.observe(inst, now)
             return None
+        if inst.role == Role.PREFILL:  # everything here is prefilling (a last token of 1 included)
+            return self._prefill_batch(inst, now, inst.running)
         rs, w = inst.sim.rs, inst.sim.w
 
         def victim_key(r: int) -> float:  # latest next deadline first; demoted / best-effort before all
@@ -468,6 +481,33 @@ class PolyScheduler(Scheduler):
             return batch_of(dec, np.ones(dec.size, np.int64), victims)
         return batch_of(np.concatenate((dec, reqs)), np.concatenate((np.ones(dec.size, np.int64), toks)), victims)
 
+    def _prefill_batch(self, inst: Instance, now: float, pre: list[int]) -> Batch | None:
+        """A prefill instance of a disaggregated cluster (§4.2, §4.7): prompts in TTFT-deadline order with dynamic
+        chunking of the ``prefill_budget`` (a remainder below twice the budget is finished at once; the PD
+        baselines chunk plainly, ``dynamic=False``)."""
+        budget = self.token_budget or self.core.prefill_budget
+        free = inst.free_blocks
+        reqs: list[int] = []
+        toks: list[int] = []
+        for r in self._deadline_order(inst, pre + inst.waiting):
+            if budget <= 0 or len(reqs) >= self.max_num_seqs:
+                break
+            rem = int(inst.remaining([r])[0])
+            want, left = dynamic_chunk(rem, budget) if self.dynamic else (min(rem, budget), budget - min(rem, budget))
+            got, chunk, used, _ = fill_prefill_chunks(inst, [r], want, free, 1)
+            if not got:
+                break  # KV is full: the transfers out will free it
+            reqs.append(r)
+            toks.append(chunk[0])
+            free -= used
+            budget = left if chunk[0] == want else 0
+        n_tok = sum(toks)
+        kv_now = (inst.total_blocks - inst.free_blocks) * inst.block_size
+        self.core.fleet.observe(inst, now, self.core.fleet.table.time_one(n_tok, kv_now + n_tok), n_tok)
+        if not reqs:
+            return None
+        return batch_of(reqs, toks)
+
 
 # ============================================================================ routing
 @dataclass
@@ -481,7 +521,11 @@ class Verdict:
 
 
 class _FleetRouter(Router):
-    """Base of the routers reading a :class:`Fleet` (PolyServe, Random, Minimal)."""
+    """Base of the routers reading a :class:`Fleet` (PolyServe, Random, Minimal). On a disaggregated cluster
+    arrivals go to PREFILL instances and :meth:`route_decode` picks the DECODE instance; on a co-located one every
+    instance takes arrivals. The fleet is fixed for the run (PolyServe re-labels instances, never adds/drains)."""
+
+    pd_aware = True
 
     def __init__(self, core: PolyCore) -> None:
         self.core = core
@@ -491,14 +535,20 @@ class _FleetRouter(Router):
         self.core.reset(sim)
         self.decisions = 0
 
+    def _entry(self) -> np.ndarray:
+        fleet = self.core.fleet
+        return fleet.prefill if fleet.prefill.size else np.arange(fleet.label.size)
+
     def _commit(self, r: int, j: int, sim: "Simulator") -> int:
         rs = sim.rs
-        self.core.fleet.place(j, r, int(rs.num_tokens[r] - rs.num_computed[r]))
+        left = int(rs.num_tokens[r] - rs.num_computed[r])
+        self.core.fleet.place(j, r, int(rs.num_tokens[r]), left if left > 1 else 0)
         return j
 
 
 class RandomRouter(_FleetRouter):
-    """CO-Random / PD-Random (§5.1): a uniformly random instance (seeded by the run's seed)."""
+    """CO-Random / PD-Random (§5.1): a uniformly random instance (seeded by the run's seed); on a disaggregated
+    cluster a random prefill instance, then a random decode instance."""
 
     def reset(self, sim: "Simulator") -> None:
         super().reset(sim)
@@ -506,24 +556,60 @@ class RandomRouter(_FleetRouter):
 
     def route(self, req: int, sim: "Simulator", now: float) -> int:
         self.decisions += 1
-        return self._commit(req, int(self._rng.integers(len(sim.instances))), sim)
+        entry = self._entry()
+        return self._commit(req, int(entry[self._rng.integers(entry.size)]), sim)
+
+    def route_decode(self, req: int, sim: "Simulator", now: float) -> int:
+        dec = self.core.fleet.decode
+        return self._commit(req, int(dec[self._rng.integers(dec.size)]), sim)
 
 
 class MinimalRouter(_FleetRouter):
-    """CO-Minimal / PD-Minimal (§5.1): the instance with the lowest predicted cycle time (ties: lowest index)."""
+    """CO-Minimal / PD-Minimal (§5.1): the instance with the lowest predicted cycle time (ties: lowest index);
+    on a disaggregated cluster among the prefill instances, then among the decode instances."""
+
+    def _lowest(self, j: np.ndarray, now: float) -> int:
+        fleet = self.core.fleet
+        fleet.refresh_stale(now)
+        return int(j[np.argmin(fleet.cycle_time(j))])
 
     def route(self, req: int, sim: "Simulator", now: float) -> int:
         self.decisions += 1
-        fleet = self.core.fleet
-        fleet.refresh_stale(now)
-        return self._commit(req, int(np.argmin(fleet.cycle_time())), sim)
+        return self._commit(req, self._lowest(self._entry(), now), sim)
+
+    def route_decode(self, req: int, sim: "Simulator", now: float) -> int:
+        return self._commit(req, self._lowest(self.core.fleet.decode, now), sim)
+
+
+def dynamic_chunk(remaining: int, budget: int) -> tuple[int, int]:
+    """PolyServe's dynamic chunking for disaggregated prefill (§4.7): ``(chunk, budget left)``.
+
+    A prompt that fits takes its remainder and leaves the rest of the budget; one whose remainder is below twice
+    the budget is finished in this iteration at once (saving the extra iteration of the 1+1024+1024+1 example) and
+    nothing else joins the iteration; a longer one takes one budget-sized chunk.
+    """
+    if remaining <= budget:
+        return remaining, budget - remaining
+    if remaining < 2 * budget:
+        return remaining, 0
+    return budget, 0
+
+
+def dynamic_chunk_time(table: ProfileTable, tokens: np.ndarray, budget: int) -> np.ndarray:
+    """Predicted time to prefill ``tokens`` queued tokens (per instance) with dynamic chunking: full chunks of
+    ``budget`` while at least twice the budget remains, then the rest at once (prefill attention neglected, as in
+    the profile table)."""
+    full = np.where(tokens >= 2 * budget, (tokens - 2 * budget) // budget + 1, 0)
+    last = tokens - full * budget
+    t = table.time(np.concatenate(([budget], last)), np.zeros(last.size + 1, np.int64))
+    return full * t[0] + t[1:]
 
 
 class PolyServeRouter(_FleetRouter):
     """PolyServe's tiered router (§4.1-4.7; see the module docstring for the full rule)."""
 
     def admission(self, j: np.ndarray, r: int, now: float, host_tpot: float) -> Verdict:
-        """Admission of request ``r`` on instances ``j`` whose operating TPOT would be ``host_tpot``.
+        """Co-located admission of request ``r`` on instances ``j`` whose operating TPOT would be ``host_tpot``.
 
         TPOT: profile time of the decode batch (residents + 1) at the predicted peak KV <= host TPOT (§4.5).
         TTFT: continuous chunked-prefill prediction (§4.7, co-location) with the wait time (§4.6): the chunk that
@@ -533,11 +619,7 @@ class PolyServeRouter(_FleetRouter):
         fleet, sim = self.core.fleet, self.core.sim
         rs, w = sim.rs, sim.w
         prompt = int(rs.num_tokens[r] - rs.num_computed[r])
-        ctx = int(rs.num_tokens[r])
-        r0 = max(int(fleet.avg_len) - int(rs.generated[r]), 1)
-        n = fleet.n_res[j]
-        width = int(n.max()) if n.size else 0
-        peak = future_kv_peak(fleet.rem[j, :width], fleet.csum[j, :width], n, ctx, r0)
+        n, peak = self._peak(j, r, int(rs.num_tokens[r]))
         batch = n + 1
         chunk = fleet.table.token_budget(peak, host_tpot) - batch
         todo = fleet.q_pre[j] + prompt
@@ -555,25 +637,98 @@ class PolyServeRouter(_FleetRouter):
               & (batch <= fleet.max_seqs[j]))
         return Verdict(ok, load, peak, first)
 
-    def _pick(self, j: np.ndarray, r: int, now: float, host_tpot: float) -> int:
+    def decode_admission(self, j: np.ndarray, r: int, now: float, host_tpot: float) -> Verdict:
+        """Disaggregated decode admission of prefilled request ``r`` on decode instances ``j`` (§4.5-4.6): the
+        decode batch at the predicted peak KV within the host TPOT, the peak within KV memory, and -- wait-time
+        aware -- its next token (the second) before its deadline after the KV transfer, the rest of the host's
+        current iteration and one decode step. ``first_token`` holds that predicted next-token time."""
+        fleet, sim = self.core.fleet, self.core.sim
+        rs = sim.rs
+        n, peak = self._peak(j, r, int(rs.num_computed[r]) + 1)
+        batch = n + 1
+        m = j.size
+        times = fleet.table.time(np.concatenate((batch, n)), np.concatenate((peak, fleet.kv_now[j])))
+        t_dec, load = times[:m], np.where(n > 0, times[m:], 0.0)
+        transfer = getattr(sim, "transfer", None)
+        xfer = transfer.seconds(int(rs.num_computed[r]), sim.instances[int(j[0])].engine) if transfer and m else 0.0
+        nxt = now + xfer + np.maximum(fleet.busy_until[j] - now, 0.0) + t_dec
+        deadline = float(rs.next_deadline(sim.w, np.array([r]))[0])
+        ok = (t_dec <= host_tpot) & (nxt <= deadline) & (peak <= fleet.cap[j]) & (batch <= fleet.max_seqs[j])
+        return Verdict(ok, load, peak, nxt)
+
+    def prefill_admission(self, j: np.ndarray, r: int, now: float) -> Verdict:
+        """Disaggregated prefill admission (§4.7 dynamic chunking): the wait for the current iteration plus the
+        dynamic-chunking time of the queued prompt tokens and this one must end before the TTFT deadline; the
+        load is the queued prompt tokens."""
+        fleet, sim = self.core.fleet, self.core.sim
+        rs, w = sim.rs, sim.w
+        todo = fleet.q_pre[j] + int(rs.num_tokens[r] - rs.num_computed[r])
+        first = now + np.maximum(fleet.busy_until[j] - now, 0.0) + dynamic_chunk_time(
+            fleet.table, todo, self.core.prefill_budget)
+        ok = first <= rs.ready[r] + w.stage_ttft[rs.stage[r]]
+        return Verdict(ok, fleet.q_pre[j].astype(np.float64), np.zeros(j.size, np.int64), first)
+
+    def _peak(self, j: np.ndarray, r: int, ctx: int) -> tuple[np.ndarray, np.ndarray]:
+        """Residents of instances ``j`` and their future KV peak with ``r`` (context ``ctx``) joining."""
+        fleet = self.core.fleet
+        r0 = max(int(fleet.avg_len) - int(self.core.sim.rs.generated[r]), 1)
+        n = fleet.n_res[j]
+        width = int(n.max()) if n.size else 0
+        return n, future_kv_peak(fleet.rem[j, :width], fleet.csum[j, :width], n, ctx, r0)
+
+    def _pick(self, j: np.ndarray, r: int, now: float, host_tpot: float, decode: bool = False) -> int:
         """The highest-load instance of ``j`` that admits ``r`` (ties: the first in ``j``), or -1."""
         if not j.size:
             return -1
-        v = self.admission(j, r, now, host_tpot)
+        v = (self.decode_admission if decode else self.admission)(j, r, now, host_tpot)
         if not v.ok.any():
             return -1
         return int(j[np.argmax(np.where(v.ok, v.load, -1.0))])
 
     def route(self, req: int, sim: "Simulator", now: float) -> int:
         self.decisions += 1
-        self.core.fleet.refresh_stale(now)
-        i = self._place(req, sim, now)
-        if i == DEFER and self.core.fleet.resync(now):
-            i = self._place(req, sim, now)
+        fleet = self.core.fleet
+        fleet.refresh_stale(now)
+        place = self._place_prefill if fleet.prefill.size else self._place
+        i = place(req, sim, now)
+        if i == DEFER and fleet.resync(now):
+            i = place(req, sim, now)
         return i if i != DEFER else self._pend(req, sim, now)
 
-    def _place(self, req: int, sim: "Simulator", now: float) -> int:
-        """Steps 1-3 of the routing rule: an instance index, or DEFER."""
+    def route_decode(self, req: int, sim: "Simulator", now: float) -> int:
+        """The decode instance of a prefilled request (§4.2: its tier's decode cluster, with lazy promotion and
+        scale-up as for arrivals). The simulator retries a deferred hand-off only when an instance becomes ready,
+        which never happens on PolyServe's fixed fleet, so when nothing admits (even after re-reading the fleet
+        and dropping the already-lost next-token deadline) the request goes to the least-loaded decode instance
+        of its tier or a tighter one, else to the least-loaded decode instance, relabelled to its tier (labels
+        only ever tighten, so no request sits on a looser instance)."""
+        fleet = self.core.fleet
+        fleet.refresh_stale(now)
+        i = self._place(req, sim, now, decode=True)
+        if i == DEFER and fleet.resync(now):
+            i = self._place(req, sim, now, decode=True)
+        if i != DEFER:
+            return i
+        t = int(fleet.rtier[req])
+        dec = fleet.decode
+        own = dec[fleet.label[dec] <= t]
+        j = own if own.size else dec
+        i = int(j[np.argmin(fleet.cycle_time(j))])
+        if t < fleet.n_tiers and fleet.label[i] > t:
+            fleet.relabel(i, t, now)
+        return self._commit(req, i, sim)
+
+    def _place_prefill(self, req: int, sim: "Simulator", now: float) -> int:
+        """Disaggregated arrival (§4.2, §4.7): the highest-load prefill instance that still meets the TTFT."""
+        j = self.core.fleet.prefill
+        v = self.prefill_admission(j, req, now)
+        if not v.ok.any():
+            return DEFER
+        return self._commit(req, int(j[np.argmax(np.where(v.ok, v.load, -1.0))]), sim)
+
+    def _place(self, req: int, sim: "Simulator", now: float, decode: bool = False) -> int:
+        """Steps 1-3 of the routing rule over tiered instances (co-located, or the decode instances of a
+        disaggregated cluster): an instance index, or DEFER."""
         fleet = self.core.fleet
         t = int(fleet.rtier[req])
         label = fleet.label
@@ -581,15 +736,15 @@ class PolyServeRouter(_FleetRouter):
         for host in range(min(t, fleet.n_tiers - 1), -1, -1) if t < fleet.n_tiers else \
                 [fleet.n_tiers, *range(fleet.n_tiers - 1, -1, -1)]:
             j = np.flatnonzero(label == (fleet.POOL if host == fleet.n_tiers else host))
-            i = self._pick(j, req, now, float(fleet.label_tpot[host]))
+            i = self._pick(j, req, now, float(fleet.label_tpot[host]), decode)
             if i >= 0:
                 return self._commit(req, i, sim)
         if t == fleet.n_tiers:  # best effort: the pool and every tier are full
             return DEFER
         # 3. scale-up: a pending instance holding only tier >= t requests, or an idle pool instance
         tighter = fleet.res_tier[:, :t].sum(axis=1) > 0
-        j = np.flatnonzero(((label == fleet.PENDING) & ~tighter) | ((label == fleet.POOL) & ~tighter))
-        i = self._pick(j, req, now, float(fleet.tiers[t]))
+        j = np.flatnonzero(((label == fleet.PENDING) | (label == fleet.POOL)) & ~tighter)
+        i = self._pick(j, req, now, float(fleet.tiers[t]), decode)
         if i >= 0:
             fleet.relabel(i, t, now)
             return self._commit(req, i, sim)
@@ -607,8 +762,10 @@ class PolyServeRouter(_FleetRouter):
         if any(inst.n_resident for inst in sim.instances):
             return DEFER  # a finish will offer it again
         # an empty cluster will never retry it: its prediction (average length) is beyond one idle server; try
-        # anyway on the first idle instance of its tier or the pool
+        # anyway on the first idle entry instance of its tier or the pool
         # (every instance is empty, so relabelling any of them to the request's tier is safe)
+        if fleet.prefill.size:
+            return self._commit(req, int(fleet.prefill[0]), sim)
         own, pool = np.flatnonzero(label == t), np.flatnonzero(label == fleet.POOL)
         i = int(own[0]) if own.size else int(pool[0]) if pool.size else 0
         if t < fleet.n_tiers:
@@ -616,8 +773,11 @@ class PolyServeRouter(_FleetRouter):
         return self._commit(req, i, sim)
 
     def best_effort_instance(self, req: int, sim: "Simulator", now: float) -> int:
-        """Demoted requests go to the pool (fewest residents), else to the loosest tier's least-loaded instance."""
+        """Demoted requests go to the least-loaded prefill instance (disaggregated), else to the pool (fewest
+        residents), else to the loosest tier's least-loaded instance."""
         fleet = self.core.fleet
+        if fleet.prefill.size:
+            return self._commit(req, int(fleet.prefill[np.argmin(fleet.q_pre[fleet.prefill])]), sim)
         pool = np.flatnonzero(fleet.label == fleet.POOL)
         if pool.size:
             return self._commit(req, int(pool[np.argmin(fleet.n_res[pool])]), sim)
@@ -659,31 +819,34 @@ def _max_seqs(engine: Any, params: dict[str, Any]) -> int:
     return int(params.pop("max_num_seqs", getattr(engine, "max_num_seqs", 256) if engine is not None else 256))
 
 
-def _co(name: str, router: Callable[[PolyCore], Router], static: bool = False,
-        scaler: bool = False) -> Callable[..., Policy]:
+def _make(name: str, router: Callable[[PolyCore], Router], static: bool = False,
+          polyserve: bool = False) -> Callable[..., Policy]:
+    """Factory of a policy; ``polyserve`` adds the tier scaler and dynamic chunking (PolyServe itself)."""
     def make(engine: Any = None, **params: Any) -> Policy:
         p = dict(params)
-        core = PolyCore(p.pop("tiers", None), p.pop("avg_decode_len", None))
+        core = PolyCore(p.pop("tiers", None), p.pop("avg_decode_len", None), int(p.pop("prefill_budget", 1024)))
         seqs = _max_seqs(engine, p)
         budget = int(p.pop("token_budget", 512)) if static else None
-        sched = PolyScheduler(core, budget, int(p.pop("min_chunk", 32)), seqs)
-        sc = PolyServeScaler(core, float(p.pop("interval", 0.1))) if scaler else None
+        sched = PolyScheduler(core, budget, int(p.pop("min_chunk", 32)), seqs, dynamic=polyserve)
+        sc = PolyServeScaler(core, float(p.pop("interval", 0.1))) if polyserve else None
         if p:
             raise ValueError(f"{name}: unknown parameters {sorted(p)}")
         info = {"scheduler": "PolyScheduler", "router": router.__name__, "token_budget": budget,
-                "max_num_seqs": seqs, "tiers": core.tiers, "avg_decode_len": core.avg_decode_len}
+                "max_num_seqs": seqs, "tiers": core.tiers, "avg_decode_len": core.avg_decode_len,
+                "prefill_budget": core.prefill_budget}
         return Policy(name=name, scheduler=sched, router=router(core), scaler=sc, params=info)
 
     return make
 
 
 POLICIES: dict[str, Callable[..., Policy]] = {
-    "polyserve-co": _co("polyserve-co", PolyServeRouter, scaler=True),
-    "polyserve-co-random": _co("polyserve-co-random", RandomRouter),
-    "polyserve-co-minimal": _co("polyserve-co-minimal", MinimalRouter),
-    "polyserve-co-chunk": _co("polyserve-co-chunk", MinimalRouter, static=True),
-    # until the simulator's prefill/decode roles land, the PD names run their CO counterparts
-    "polyserve-pd": _co("polyserve-pd", PolyServeRouter, scaler=True),
-    "polyserve-pd-random": _co("polyserve-pd-random", RandomRouter),
-    "polyserve-pd-minimal": _co("polyserve-pd-minimal", MinimalRouter),
+    "polyserve-co": _make("polyserve-co", PolyServeRouter, polyserve=True),
+    "polyserve-co-random": _make("polyserve-co-random", RandomRouter),
+    "polyserve-co-minimal": _make("polyserve-co-minimal", MinimalRouter),
+    "polyserve-co-chunk": _make("polyserve-co-chunk", MinimalRouter, static=True),
+    # the same mechanisms: instance roles decide (run them with Simulator(pd=(P, D))); on a co-located
+    # cluster they behave as their CO counterparts
+    "polyserve-pd": _make("polyserve-pd", PolyServeRouter, polyserve=True),
+    "polyserve-pd-random": _make("polyserve-pd-random", RandomRouter),
+    "polyserve-pd-minimal": _make("polyserve-pd-minimal", MinimalRouter),
 }
