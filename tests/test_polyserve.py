@@ -13,6 +13,7 @@ from helpers import assert_runs_equal
 from slogym.baselines import make_policy
 from slogym.baselines.polyserve import (POLICIES, dynamic_chunk, dynamic_chunk_time, future_kv_peak,
                                         profile_table)
+from slogym.core.batch import BatchFeatures
 from slogym.core.policy import DEFER
 from slogym.core.request import Request, Workload, decode, prefill
 from slogym.core.simulator import Simulator
@@ -60,6 +61,12 @@ def test_future_kv_peak_equals_step_by_step_simulation() -> None:
 
 def test_profile_table_budget_is_the_inverse_of_its_time() -> None:
     table = profile_table(ENGINE)
+    rng = np.random.default_rng(1)
+    tok, kvs = rng.integers(0, 20_000, 500), rng.integers(0, 900_000, 500)
+    z = np.zeros_like(tok)
+    ref = table.perf.batch_time(BatchFeatures(z, z, z, z, tok, tok, kvs, kvs, z))  # the ``table`` perf family
+    assert np.allclose(table.time(tok, kvs), ref, rtol=1e-12, atol=0)
+    assert table.time_one(300, 40_000) == pytest.approx(float(table.time(np.array([300]), np.array([40_000]))[0]))
     kv = np.array([0, 50_000, 300_000, 700_000])
     for tpot in (0.02, 0.05, 0.1):
         b = table.token_budget(kv, tpot)

@@ -9,6 +9,8 @@ rule); Poisson arrivals; DSLO attainment. Lengths: Azure conv / code 2023 and Mo
 rows of ``../shared/traces``), and the synthetic uniform-4096-1024 (input U[1, 8192], output U[1, 2048]) and
 uniform-512-512 (U[1, 1024] both).
 
+PD variants run on ``Simulator(pd=(P, D))`` with the split of :func:`pd_split` (same instance count).
+
 Experiments:
 
 * goodput (§5.2): loads of 20-120 % of the *optimal* rate (below); per policy the highest rate with >= 90 %
@@ -59,6 +61,7 @@ TRACES = {"azure-conv": "azure_conv_2023.csv.gz", "azure-code": "azure_code_2023
 PAPER = {"goodput_gain": 1.23, "of_optimal": 0.925}
 TIER_MIX = {0.020: 0.1, 0.030: 0.2, 0.050: 0.3, 0.100: 0.4}
 CO_POLICIES = ("polyserve-co", "polyserve-co-random", "polyserve-co-minimal", "polyserve-co-chunk")
+PD_POLICIES = ("polyserve-pd", "polyserve-pd-random", "polyserve-pd-minimal")
 TARGET = 0.9
 FULL = dict(instances=20, requests=4000, loads="0.2,0.4,0.6,0.8,1.0,1.2", traces=",".join(TRACES),
             budgets="256,512,1024,2048", servers="8,16,24,32,40,48,56,64", cost_rates="2,5,10")
@@ -137,14 +140,28 @@ def optimal_rate(w: Workload, eng: Any, n_inst: int) -> float:
 
 
 # ---------------------------------------------------------------------------------------------- runs
+def pd_split(w: Workload, eng: Any, n_inst: int) -> tuple[int, int]:
+    """Prefill/decode instances for a disaggregated run (the paper gives no split): prefill instances in
+    proportion to the prefill share of the work, prefill at 1024-token chunks (``t(1024) / 1024`` per token)
+    against decode at a 128-request batch (``t(128, 128 ctx) / 128`` per token, ``ctx = P + O/2``)."""
+    table = profile_table(eng)
+    p, o = float(w.input_tokens.mean()), float(w.output_tokens.mean())
+    c_p = table.time_one(1024, 0) / 1024
+    c_d = table.time_one(128, int(128 * (p + o / 2))) / 128
+    n_p = int(round(n_inst * p * c_p / (p * c_p + o * c_d)))
+    n_p = min(max(n_p, 1), n_inst - 1)
+    return n_p, n_inst - n_p
+
+
 def run(w: Workload, eng: Any, policy: str, n_inst: int, **params: Any) -> tuple[dict, Any]:
     pol = make_policy(policy, eng, **params)
-    sim = Simulator(w, eng, pol, n_instances=n_inst, attainment="dslo").run()
+    cluster = {"pd": pd_split(w, eng, n_inst)} if policy in PD_POLICIES else {"n_instances": n_inst}
+    sim = Simulator(w, eng, pol, attainment="dslo", **cluster).run()
     return sim.result().summary, (pol, sim)
 
 
 def sweep(make: Any, eng: Any, n_inst: int, rates: list[float], budgets: list[int],
-          policies: tuple[str, ...] = CO_POLICIES) -> dict[str, list[dict]]:
+          policies: tuple[str, ...] = CO_POLICIES + PD_POLICIES) -> dict[str, list[dict]]:
     """Summaries per policy per rate; CO-Chunk keeps its best budget at each rate (the paper's sweep)."""
     out: dict[str, list[dict]] = {p: [] for p in policies}
     for rate in rates:
@@ -184,14 +201,19 @@ def report_sweep(title: str, rates: list[float], opt: float, res: dict[str, list
         print(f"{r / opt:5.0%}  " + "".join(f"{c:>22s}" for c in cells))
     good = {p: goodput_at(rates, [s["attainment"] for s in rows]) for p, rows in res.items()}
     print("goodput@90% (req/s): " + ", ".join(f"{p} {g:.2f}" for p, g in good.items()))
-    ps = good["polyserve-co"]
-    best = max(g for p, g in good.items() if p != "polyserve-co")
-    cap = " (>= the top load: a lower bound)" if ps >= rates[-1] else ""
-    ratio = ps / best if best > 0 else float("inf")
-    print(f"PolyServe / best baseline: slogym {ratio:.2f}x{cap}   paper {PAPER['goodput_gain']:.2f}x (abstract, "
-          f"over all traces);   PolyServe / optimal: slogym {ps / opt:.1%}   paper up to {PAPER['of_optimal']:.1%}")
-    # per-tier attainment at the load nearest PolyServe's 90% point
-    i = int(np.argmin([abs(r - ps) for r in rates]))
+    for mode in ("co", "pd"):
+        mine = f"polyserve-{mode}"
+        if mine not in good:
+            continue
+        ps = good[mine]
+        best = max(g for p, g in good.items() if p.startswith(mine + "-"))
+        cap = " (>= the top load: a lower bound)" if ps >= rates[-1] else ""
+        ratio = ps / best if best > 0 else float("inf")
+        print(f"{mode.upper()}-PolyServe / best {mode.upper()} baseline: slogym {ratio:.2f}x{cap}   paper "
+              f"{PAPER['goodput_gain']:.2f}x (abstract, over all traces);   / optimal (co-located): slogym "
+              f"{ps / opt:.1%}   paper up to {PAPER['of_optimal']:.1%}")
+    # per-tier attainment at the load nearest CO-PolyServe's 90% point
+    i = int(np.argmin([abs(r - good["polyserve-co"]) for r in rates]))
     print(f"per-tier attainment at {rates[i] / opt:.0%} load:")
     for p, rows in res.items():
         tiers = rows[i]["attainment_by_tier"]
@@ -205,15 +227,18 @@ def exp_goodput(a: argparse.Namespace, eng: Any) -> None:
         probe = workload(trace, 1.0, a.requests, a.seed, eng)
         opt = optimal_rate(probe, eng, a.instances)
         rates = [f * opt for f in a.loads]
-        res = sweep(lambda r: workload(trace, r, a.requests, a.seed, eng), eng, a.instances, rates, a.budgets)
-        report_sweep(f"goodput, {trace}, {a.instances} instances, {a.requests} requests", rates, opt, res)
+        res = sweep(lambda r: workload(trace, r, a.requests, a.seed, eng), eng, a.instances, rates, a.budgets,
+                    a.policies)
+        report_sweep(f"goodput, {trace}, {a.instances} instances (PD split {pd_split(probe, eng, a.instances)}), "
+                     f"{a.requests} requests", rates, opt, res)
 
 
 def exp_burst(a: argparse.Namespace, eng: Any) -> None:
     trace = "uniform-4096-1024"
     opt = optimal_rate(flipped(trace, 1.0, a.requests, a.seed, eng), eng, a.instances)
     rates = [f * opt for f in a.loads]
-    res = sweep(lambda r: flipped(trace, r, a.requests, a.seed, eng), eng, a.instances, rates, a.budgets)
+    res = sweep(lambda r: flipped(trace, r, a.requests, a.seed, eng), eng, a.instances, rates, a.budgets,
+                a.policies)
     report_sweep(f"burst: tier mix flips half-way, {trace}, {a.instances} instances", rates, opt, res)
 
 
@@ -245,13 +270,13 @@ def exp_cost(a: argparse.Namespace, eng: Any) -> None:
 def exp_servers(a: argparse.Namespace, eng: Any) -> None:
     trace = "uniform-4096-1024"
     print(f"\n## servers: goodput per instance at {TARGET:.0%} attainment, {trace}")
-    print("servers " + "".join(f"{p:>22s}" for p in CO_POLICIES))
+    print("servers " + "".join(f"{p:>22s}" for p in a.policies))
     for n in a.servers:
         opt = optimal_rate(workload(trace, 1.0, a.requests, a.seed, eng), eng, n)
         rates = [f * opt for f in a.loads]
-        res = sweep(lambda r: workload(trace, r, a.requests, a.seed, eng), eng, n, rates, a.budgets)
+        res = sweep(lambda r: workload(trace, r, a.requests, a.seed, eng), eng, n, rates, a.budgets, a.policies)
         good = {p: goodput_at(rates, [s["attainment"] for s in rows]) / n for p, rows in res.items()}
-        print(f"{n:7d} " + "".join(f"{good[p]:22.3f}" for p in CO_POLICIES))
+        print(f"{n:7d} " + "".join(f"{good[p]:22.3f}" for p in a.policies))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", default="llama3-8b-h200")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="the reduced run (defaults in parentheses above)")
+    ap.add_argument("--co-only", action="store_true", help="skip the disaggregated (PD) policies")
     a = ap.parse_args(argv)
     defaults = QUICK if a.quick else FULL
     for k, v in defaults.items():
@@ -282,8 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown traces {sorted(unknown)}; known: {list(TRACES)}")
     eng = get_engine(a.engine)
-    pd = "pd" in inspect.signature(Simulator).parameters
-    print(f"# PolyServe reproduction ({a.engine}; CO variant{'' if pd else '; PD pending the cluster P/D API'})")
+    pd = "pd" in inspect.signature(Simulator).parameters and not a.co_only
+    a.policies = CO_POLICIES + (PD_POLICIES if pd else ())
+    print(f"# PolyServe reproduction ({a.engine}; {'CO and PD' if pd else 'CO only'})")
     t0 = time.perf_counter()
     for e in a.experiments.split(","):
         {"goodput": exp_goodput, "burst": exp_burst, "cost": exp_cost, "servers": exp_servers}[e](a, eng)

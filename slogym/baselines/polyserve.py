@@ -104,10 +104,21 @@ class ProfileTable:
     curves: dict[float, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, compare=False, repr=False)
 
     def time(self, tokens: np.ndarray, kv: np.ndarray) -> np.ndarray:
-        """Predicted iteration time of batches of ``tokens`` tokens reading ``kv`` KV tokens (vectorized)."""
-        t, k = np.broadcast_arrays(np.asarray(tokens, np.int64), np.asarray(kv, np.int64))
-        z = np.zeros_like(t)
-        return self.perf.batch_time(BatchFeatures(z, z, z, z, t, t, k, k, z))
+        """Predicted iteration time of batches of ``tokens`` tokens reading ``kv`` KV tokens (vectorized).
+
+        The ``table`` family's bilinear interpolation (flat below the grid, the edge cell's slope above it),
+        written out on the grid arrays: the router calls it on every arrival, and this avoids the generic
+        feature plumbing (agrees with ``perf.batch_time`` to rounding; ``tests/test_polyserve.py`` checks it)."""
+        t = np.asarray(tokens, np.float64)
+        k = np.asarray(kv, np.float64)
+        tg, kg, tt = self.tokens, self.kv, self.times
+        i = np.minimum(np.maximum(np.searchsorted(tg, t, side="right") - 1, 0), tg.size - 2)
+        j = np.minimum(np.maximum(np.searchsorted(kg, k, side="right") - 1, 0), kg.size - 2)
+        wi = np.maximum((t - tg[i]) / (tg[i + 1] - tg[i]), 0.0)
+        wj = np.maximum((k - kg[j]) / (kg[j + 1] - kg[j]), 0.0)
+        lo = tt[i, j] + (tt[i, j + 1] - tt[i, j]) * wj
+        hi = tt[i + 1, j] + (tt[i + 1, j + 1] - tt[i + 1, j]) * wj
+        return np.where(t > 0, lo + (hi - lo) * wi, 0.0)
 
     def time_one(self, tokens: int, kv: int) -> float:
         """:meth:`time` of one batch (the perf model's scalar path, bit-identical)."""
