@@ -242,7 +242,7 @@ def test_profile_fit_simulate(engine: VLLMEngine, tmp_path: Any) -> None:
     from slogym.engines.profiler import ProfileGrid, profile
 
     grid = ProfileGrid(prefill=[(1, 16), (2, 64), (1, 256), (4, 128)], decode=[(1, 32), (4, 64), (8, 128)],
-                       mixed=[(4, 64, 128)])
+                       mixed=[(4, 64, 128, 0), (2, 32, 64, 128)])
     df = profile(engine, grid, repeats=2, warmup=1)
     assert engine.abort([]) == engine.config.num_blocks
     assert len(df) == 2 * len(grid) and (df["time_s"] > 0).all()
@@ -252,6 +252,9 @@ def test_profile_fit_simulate(engine: VLLMEngine, tmp_path: Any) -> None:
     dec = df[df["kind"] == "decode"]
     assert sorted(dec["decode_seqs"]) == sorted(np.repeat([1, 4, 8], 2))
     assert (dec["prefill_tokens"] == 0).all() and (pre["decode_seqs"] == 0).all()
+    mix = df[df["kind"] == "mixed"]
+    # a continuation chunk attends to its past: chunk * (past + chunk) token pairs
+    assert sorted(mix["prefill_attn"]) == sorted([128 * 128] * 2 + [64 * (128 + 64)] * 2)
     path = tmp_path / "records.csv"
     df.to_csv(path, index=False)
     preset = fit_profile(path, "quadratic", kv_capacity_tokens=engine.config.num_blocks * engine.config.block_size,

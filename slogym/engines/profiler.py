@@ -4,8 +4,8 @@ The sweep follows HyperFlexis App. A (prefill batches over batch sizes x input l
 sizes x context lengths), scaled to the engine's limits, plus mixed chunked-prefill batches (a prefill chunk
 riding along a decode batch, the Sarathi/SLOs-Serve regime). Rows have the :class:`BatchFeatures` columns and
 ``time_s`` (the step's wall or CPU time, per ``EngineConfig.timing``) -- exactly what
-:func:`slogym.engines.fitting.fit_perf_model` (``slogym profile fit``) reads -- plus ``kind`` (prefill / decode / mixed) for inspection. Features are computed by the simulator's own feature
-function, so a model fitted on these rows sees the same numbers in simulation.
+:func:`slogym.engines.fitting.fit_perf_model` (``slogym profile fit``) reads -- plus ``kind`` (prefill / decode /
+mixed) and ``pass``. Features are computed by the simulator's own feature function, so a model fitted on these rows sees the same numbers in simulation.
 
 Deviation from App. A: the paper profiles batch sizes up to 192 and inputs up to 2020 tokens on an NPU; the
 default grid stops at the engine's ``max_num_seqs`` / ``max_num_batched_tokens`` / KV pool (a tiny CPU model
@@ -37,12 +37,14 @@ class ProfileGrid:
 
     prefill   (batch size, input length): one iteration prefilling that many whole prompts
     decode    (batch size, context length): ``repeats`` decode steps of that many requests at that context
-    mixed     (decode batch, decode context, prefill chunk): a prefill chunk plus one decode step each
+    mixed     (decode batch, decode context, prefill chunk, past): a prefill chunk of a prompt whose first ``past``
+              tokens are already computed (0: a first chunk; > 0: a continuation, as chunked prefill runs them)
+              plus one decode step of each request of the decode batch
     """
 
     prefill: list[tuple[int, int]] = field(default_factory=list)
     decode: list[tuple[int, int]] = field(default_factory=list)
-    mixed: list[tuple[int, int, int]] = field(default_factory=list)
+    mixed: list[tuple[int, int, int, int]] = field(default_factory=list)
 
     @classmethod
     def app_a(cls, max_seqs: int, max_tokens: int, kv_tokens: int, max_len: int,
@@ -56,8 +58,9 @@ class ProfileGrid:
         ctx = [n for n in ls if n >= 16]
         decode = [(b, n) for b in bs for n in ctx if b * (n + 8) <= kv_tokens]
         chunks = [c for c in (32, 128, 512, 1024) if c <= max_tokens // 2][:: 2 if quick else 1]
-        mixed = [(b, n, c) for b in bs[1::2] for n in ctx[::2] for c in chunks
-                 if b * (n + 8) + c + 1 <= kv_tokens and b + c <= max_tokens and b < max_seqs]
+        mixed = [(b, n, c, past) for b in bs[1::2] for n in ctx[::2] for c in chunks for past in (0, 2 * c)
+                 if b * (n + 8) + past + 4 * c + 1 <= kv_tokens and b + c <= max_tokens and b < max_seqs
+                 and past + 4 * c < max_len]
         return cls(prefill, decode, mixed)
 
     def __len__(self) -> int:
@@ -183,11 +186,13 @@ def _visit(d: _Driver, kind: str, point: tuple[int, ...], warmup: int, budget: i
     b, n = point[0], point[1]
     rids = [d.new(n, warmup + 3) for _ in range(b)]
     d.prefill_all(rids, budget)
-    chunk = point[2] if kind == "mixed" else 0
+    chunk, past = (point[2], point[3]) if kind == "mixed" else (0, 0)
     for _ in range(warmup + 1):
         items = [(r, 1) for r in rids]
         if chunk:
-            p = d.new(chunk + 1, 1)
+            p = d.new(past + chunk + 1, 1)
+            if past:  # an unmeasured first chunk, so the measured one continues the prompt
+                d.step([(p, past)])
             items.append((p, chunk))
         out = d.step(items)
         if chunk:

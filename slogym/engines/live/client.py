@@ -10,6 +10,7 @@ never needs vLLM installed.
 from __future__ import annotations
 
 import os
+import pickle
 import select
 import subprocess
 import sys
@@ -191,7 +192,7 @@ class VLLMEngine:
                                       f"{code}){self._log_tail()}")
                 buf += chunk
             if header_done:
-                return _worker.pickle.loads(buf[_worker._HEADER.size:need])
+                return pickle.loads(buf[_worker._HEADER.size:need])
             need = _worker._HEADER.size + _worker._HEADER.unpack(buf[:_worker._HEADER.size])[0]
             header_done = True
 
