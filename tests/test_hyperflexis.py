@@ -16,6 +16,8 @@ from helpers import FF_FIELDS, assert_runs_equal
 from slogym.baselines import make_policy
 from slogym.baselines.hyperflexis import (POLICIES, LatencyModel, SLOMapper, WorkerQueue, maturity_interval,
                                           token_budget, ttft_probability)
+from slogym.core.cluster import cold_start_seconds, model_params_b
+from slogym.core.instance import InstanceState, Role
 from slogym.core.policy import REJECT
 from slogym.core.request import Request, Workload, decode, prefill
 from slogym.core.simulator import Simulator
@@ -242,12 +244,13 @@ def test_admission_env_expert_replays_hyperflexis_with_rejections():
 
     import slogym  # noqa: F401
 
-    env = gym.make("slogym/Admission-v0", scenario="hyperflexis-2task", rate_scale=5.0, n_instances=2,
+    # SLOs-Serve's mixed set (TTFTs a small multiple of the idle prefill time) at 3x its calibrated load
+    env = gym.make("slogym/Admission-v0", scenario="mixed", rate_scale=3.0, n_instances=1,
                    episode=300, seed=0, pool_requests=900, policy="hyperflexis")
     env.reset(seed=1)
     actions, info = _play_expert(env)
     u = env.unwrapped
-    assert 2 in actions and 0 in actions, "at 5x load the TTFT-probability admission must reject some requests"
+    assert 2 in actions and 0 in actions, "at 3x load the TTFT-probability admission must reject some requests"
     native = Simulator(u.sim.w, u.engine, make_policy("hyperflexis", u.engine), u.n_instances, seed=u.sim.seed).run()
     assert u.sim.result().records.equals(native.result().records)
     assert info["summary"]["outcomes"]["rejected"] == actions.count(2)
@@ -264,3 +267,69 @@ def test_routing_env_expert_uses_the_dispatcher():
     actions, info = _play_expert(env)
     assert sum(info["summary"]["outcomes"].values()) == 200
     assert len(set(a for a in actions if a < 3)) == 3, "the maturity queue spreads load over every worker"
+
+
+# ---------------------------------------------------------------------------------------------- P/D and scaling
+def test_pd_split_and_migrator_respects_the_tpot_budget():
+    """Two decode workers: the earlier-maturing one already holds a request whose TPOT a second one would break,
+    so the Migrator sends the new request to the later-maturing one."""
+    eng = ToyEngine(a=0.004, b=2e-4, c=3e-6, kv_capacity_tokens=200000)
+    reqs = [Request(0.0, [prefill(100, 5.0), decode(50, 0.0045)]), Request(0.0, [prefill(100, 5.0), decode(50, 1.0)])]
+    sim = Simulator(Workload.from_requests(reqs), eng, POLICIES["hyperflexis-pd"](eng), 4, seed=0)
+    sim.policy.reset(sim)
+    assert [i.role for i in sim.instances] == [Role.PREFILL, Role.PREFILL, Role.DECODE, Role.DECODE]
+    st_, router = sim.policy.scheduler.state, sim.policy.router
+    sim.rs.num_computed[:] = 100
+    sim.instances[2].running.append(0)   # request 0 (TPOT 4.5 ms) decodes on worker 2: one step takes ~4.6 ms
+    st_.decoders.update(2, 0.0)
+    st_.decoders.update(3, 1.0)
+    assert st_.decode_excess(sim.instances[2], 1) > 0 >= st_.decode_excess(sim.instances[3], 1)
+    assert router.route_decode(1, sim, 0.0) == 3
+    sim.instances[2].running.clear()
+    assert router.route_decode(1, sim, 0.0) == 2   # budget admits it on both: the earliest-maturing wins
+
+
+def test_scaler_adds_with_fast_cold_start_switches_roles_and_drains():
+    w = make_workload("hyperflexis-2task", rate=100, n_requests=50, seed=0, engine=ENGINE)
+    sim = Simulator(w, ENGINE, POLICIES["hyperflexis-pd-scaling"](ENGINE), 4, seed=0)
+    sim.policy.reset(sim)
+    scaler = sim.policy.scaler
+    assert scaler.stages == [Role.PREFILL, Role.DECODE]
+    scaler.apply(sim, np.array([1, -1]))        # prefill must grow, decode is calm: a role switch, no new instance
+    assert [i.role for i in sim.instances].count(Role.PREFILL) == 3 and len(sim.instances) == 4
+    scaler.apply(sim, np.array([0, 1]))         # a new decode worker with the d2d cold start (Table 2)
+    new = sim.instances[-1]
+    assert new.role == Role.DECODE and new.state == InstanceState.STARTING
+    assert new.ready_at - new.started_at == pytest.approx(cold_start_seconds(model_params_b(ENGINE), "d2d"))
+    scaler.apply(sim, np.array([0, 1]))         # one is still starting: no second one
+    assert len(sim.instances) == 5
+    scaler.apply(sim, np.array([-1, 0]))        # drain the least-loaded prefill worker
+    assert sum(i.state == InstanceState.STOPPED for i in sim.instances) == 1
+    with pytest.raises(ValueError, match="deltas"):
+        scaler.apply(sim, np.array([2, 0]))
+    disk = POLICIES["hyperflexis-scaling"](ENGINE, cold_start="disk").scaler
+    sim2 = Simulator(w, ENGINE, POLICIES["hyperflexis-scaling"](ENGINE, cold_start="disk"), 1, seed=0)
+    sim2.policy.reset(sim2)
+    sim2.policy.scaler.apply(sim2, np.array([1]))
+    assert disk.cold_start == "disk"
+    assert sim2.instances[1].ready_at == pytest.approx(cold_start_seconds(model_params_b(ENGINE), "disk"))
+
+
+@pytest.mark.parametrize("name", ["hyperflexis-scaling", "hyperflexis-pd-scaling"])
+def test_scaling_under_load_every_request_one_outcome(name):
+    w = make_workload("hyperflexis-2task", rate=600, n_requests=1500, seed=4, engine=ENGINE)
+    sim = _sim(w, name, n=2).run()
+    res = sim.result()
+    assert (sim.rs.outcome != Outcome.NONE).all() and sum(res.summary["outcomes"].values()) == len(w)
+    assert len(sim.instances) > 2, "the load should make the scaler add workers"
+    for inst in sim.instances:
+        assert inst.free_blocks == inst.total_blocks
+    assert_runs_equal(res, _sim(w, name, n=2).run().result())
+
+
+def test_pd_attainment_at_least_rr_pd_at_high_load():
+    w = make_workload("hyperflexis-2task", rate=400, n_requests=1500, seed=11, engine=ENGINE)
+    rr = _sim(w, "rr-pd", n=4).run().result().summary
+    hf = _sim(w, "hyperflexis-pd", n=4).run().result().summary
+    assert rr["attainment"] < 0.95
+    assert hf["attainment"] >= rr["attainment"]

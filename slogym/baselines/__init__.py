@@ -53,6 +53,8 @@ PAPER_POLICIES: dict[str, str] = {
     **{name: "slogym.baselines.polyserve" for name in
        ("polyserve-co", "polyserve-pd", "polyserve-co-random", "polyserve-co-minimal", "polyserve-co-chunk",
         "polyserve-pd-random", "polyserve-pd-minimal")},
+    **{name: "slogym.baselines.hyperflexis" for name in
+       ("hyperflexis", "hyperflexis-pm", "hyperflexis-scaling", "hyperflexis-pd", "hyperflexis-pd-scaling", "rr-pd")},
 }
 """Policies built by a paper module's ``POLICIES`` factories (``f(engine, **params) -> Policy``)."""
 
@@ -86,6 +88,12 @@ POLICY_DESCRIPTIONS: dict[str, str] = {
     "polyserve-co-chunk": "PolyServe's CO-Chunk baseline: static token budget, lowest cycle time instance",
     "polyserve-pd-random": "PolyServe's PD-Random baseline: random prefill and decode instances",
     "polyserve-pd-minimal": "PolyServe's PD-Minimal baseline: lowest cycle time prefill and decode instances",
+    "hyperflexis": "HyperFlexis maturity-time dispatcher, Eq. 5 token budget, TTFT-probability admission (2025)",
+    "hyperflexis-pm": "HyperFlexis with priority-based SLO mapping over sliding windows (HyperFlexis-PM, §5.2)",
+    "hyperflexis-scaling": "HyperFlexis + threshold scaler with fast (D2D) scaling (HyperFlexis-Scaling, §6)",
+    "hyperflexis-pd": "HyperFlexis P/D: prefill dispatcher + per-iteration decode migrator (HyperFlexis-PD)",
+    "hyperflexis-pd-scaling": "HyperFlexis P/D + scaler with role switching (HyperFlexis-PD-Scaling)",
+    "rr-pd": "RR-PD: round-robin prefill and decode workers, vLLM FCFS (HyperFlexis §8.1.2 baseline)",
     "round-robin": "round-robin router + vLLM FCFS",
     "random": "random router + vLLM FCFS",
     "least-load": "least-outstanding-tokens router + vLLM FCFS",

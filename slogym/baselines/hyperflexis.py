@@ -474,6 +474,8 @@ class HyperFlexisDispatcher(Router):
     Migrator of the D-stage.
     """
 
+    pd_aware = True
+
     def __init__(self, state: DispatcherState) -> None:
         self.state = state
 
@@ -523,6 +525,8 @@ class HyperFlexisDispatcher(Router):
 class RoundRobinPDRouter(Router):
     """The paper's RR-PD baseline (§8.1.2): round-robin over the prefill workers at arrival and over the decode
     workers when a prefill completes (both over accepting workers of the stage)."""
+
+    pd_aware = True
 
     def reset(self, sim: "Simulator") -> None:
         self._next = [0, 0]
