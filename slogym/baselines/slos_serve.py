@@ -168,7 +168,7 @@ class BatchTimeInverse:
         return steps * self._n_t
 
     def lookup(self, T: np.ndarray, off: np.ndarray) -> np.ndarray:
-        k = np.minimum((T * (1.0 / self.res)).astype(np.int64), self._n_t - 1)
+        k = np.minimum(T * (1.0 / self.res), self._n_t - 1).astype(np.int64)  # T >= 0; inf -> the last cell
         return self._tcap[k + off]
 
 
