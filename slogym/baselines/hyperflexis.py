@@ -126,12 +126,13 @@ def token_budget(ttft: float, tpot: float, decode_cost: float, a: float, b: floa
 
 def maturity_interval(prefill_time: float, tpot: float, decode_cost: float) -> float:
     """App. B: time from a dispatch until the worker is mature again: the prefill plus the ``k`` decode steps that
-    amortize its stall, ``k = ceil(T_p / (TPOT - D))`` (0 without ongoing TPOT-bound decodes)."""
+    amortize its stall, ``k = ceil(T_p / (TPOT - D))`` (0 without ongoing TPOT-bound decodes). When ``TPOT <= D``
+    the decodes cannot amortize anything; they get one step before the next dispatch (not in the paper)."""
     if tpot == INF or decode_cost <= 0.0:
         return prefill_time
     slack = tpot - decode_cost
     if slack <= 0.0:
-        return INF
+        return prefill_time + decode_cost
     return prefill_time + math.ceil(prefill_time / slack) * decode_cost
 
 
@@ -365,13 +366,20 @@ class DispatcherState:
         """Request-queue order (§5.1 step 3): SLO requests before demoted ones, then TPOT, TTFT, arrival."""
         return (bool(self.sim.rs.be[r]), float(self.tpot[r]), float(self.ttft[r]), float(self.sim.w.arrival[r]))
 
+    def ttft_target(self, r: int) -> float:
+        """TTFT target of ``r``'s current prefill: the scheduling target of its first prefill (mapped under §5.2),
+        a later prefill's own SLO (a tool result, measured from its return)."""
+        sim = self.sim
+        s = int(sim.rs.stage[r])
+        return float(self.ttft[r]) if s == sim.w.stage_ptr[r] else float(sim.w.stage_ttft[s])
+
     def probability(self, r: int, inst: Instance, start: float, now: float, batch_tokens: int = 0) -> float:
         """TTFT probability of ``r`` if its prefill starts on ``inst`` at ``start`` in a batch of
         ``batch_tokens`` other prompt tokens."""
         rs = self.sim.rs
         l = int(rs.num_tokens[r] - rs.num_computed[r])
         remaining = max(start - now, 0.0) + self.model(inst).prefill_time(batch_tokens + l)
-        return ttft_probability(now - float(rs.ready[r]), float(self.ttft[r]), remaining, self.utilization(inst),
+        return ttft_probability(now - float(rs.ready[r]), self.ttft_target(r), remaining, self.utilization(inst),
                                 self.cv)
 
     # ------------------------------------------------------------------ shadow maturity and the monitor
@@ -388,10 +396,10 @@ class DispatcherState:
             return start
         dec, _ = split_running(inst)
         budget, tpot, d = self.outlook(inst, dec)
-        if budget < 1.0:
-            return INF
-        batches = math.floor(queued / budget)
-        return start + batches * maturity_interval(self.model(inst).prefill_time(budget), tpot, d) if batches else start
+        n = len(inst.waiting) + (extra > 0.0)
+        batch = max(budget, queued / max(n, 1))  # a prompt above the budget runs alone
+        batches = math.floor(queued / batch)
+        return start + batches * maturity_interval(self.model(inst).prefill_time(batch), tpot, d) if batches else start
 
     def refresh(self, inst: Instance, now: float) -> None:
         self.workers.update(inst.id, self.shadow_maturity(inst, now))
@@ -624,9 +632,9 @@ class HyperFlexisScheduler(Scheduler):
                 continue
             l = int(rs.num_tokens[r] - rs.num_computed[r])
             blocks = inst.blocks_for_tokens(int(rs.num_computed[r]) + l) - int(rs.kv_blocks[r])
-            if blocks > free or (used + l > budget and (reqs or dec.size)):
-                continue           # step 3: another request may still fit (a prompt above the budget runs
-                                   # alone, on a worker without decodes, so that it is not starved)
+            if blocks > free or (used + l > budget and reqs):
+                continue           # step 3: another request may still fit (the first one may exceed the
+                                   # budget and then runs alone, as in vLLM, so that it is never starved)
             reqs.append(r)
             toks.append(l)
             used += l
