@@ -264,3 +264,21 @@ def test_profile_fit_simulate(engine: VLLMEngine, tmp_path: Any) -> None:
     res = Simulator(w, spec, make_policy("sarathi", engine=spec)).run().result()
     assert (res.records["outcome"] == "finished").all()
     assert res.summary["attainment"] >= 0.0
+
+
+def test_cli_profile_run_fit_simulate(model_dir: str, tmp_path: Any, capsys: Any) -> None:
+    import json
+
+    from slogym.cli import main
+
+    csv, preset = tmp_path / "tiny.csv", tmp_path / "tiny.json"
+    rc = main(["profile", "run", "--engine", "vllm", "--model", model_dir, "--out", str(csv), "--quick",
+               "--repeats", "1", "--warmup", "0", "--blocks", "16", "--max-num-seqs", "4",
+               "--max-num-batched-tokens", "128", "--max-model-len", "256", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 0 and report["rows"] == report["points"] > 0 and csv.exists()
+    assert main(["profile", "fit", str(csv), "--family", "quadratic", "--kv-tokens", "512", "--holdout", "0",
+                 "--out", str(preset)]) == 0
+    capsys.readouterr()
+    assert main(["simulate", "--engine", str(preset), "--requests", "20", "--json", "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["n_requests"] == 20
