@@ -66,6 +66,7 @@ router reads per-iteration state, so fast-forward would hide it); the pending re
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Callable
@@ -101,7 +102,7 @@ class ProfileTable:
     tokens: np.ndarray
     kv: np.ndarray
     times: np.ndarray
-    curves: dict[float, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, compare=False, repr=False)
+    curves: dict[float, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def time(self, tokens: np.ndarray, kv: np.ndarray) -> np.ndarray:
         """Predicted iteration time of batches of ``tokens`` tokens reading ``kv`` KV tokens (vectorized).
@@ -121,8 +122,23 @@ class ProfileTable:
         return np.where(t > 0, lo + (hi - lo) * wi, 0.0)
 
     def time_one(self, tokens: int, kv: int) -> float:
-        """:meth:`time` of one batch (the perf model's scalar path, bit-identical)."""
-        return self.perf.batch_time_one(BatchFeatures(0, 0, 0, 0, int(tokens), int(tokens), int(kv), int(kv), 0))
+        """:meth:`time` of one batch, in plain Python (the scheduler calls it every iteration)."""
+        if tokens <= 0:
+            return 0.0
+        tg, kg, tt = self._lists()
+        i = min(max(bisect_right(tg, tokens) - 1, 0), len(tg) - 2)
+        j = min(max(bisect_right(kg, kv) - 1, 0), len(kg) - 2)
+        wi = max((tokens - tg[i]) / (tg[i + 1] - tg[i]), 0.0)
+        wj = max((kv - kg[j]) / (kg[j + 1] - kg[j]), 0.0)
+        lo = tt[i][j] + (tt[i][j + 1] - tt[i][j]) * wj
+        hi = tt[i + 1][j] + (tt[i + 1][j + 1] - tt[i + 1][j]) * wj
+        return lo + (hi - lo) * wi
+
+    def _lists(self) -> tuple[list[float], list[float], list[list[float]]]:
+        cached = self.curves.get(-1.0)  # the grid as Python lists, cached beside the budget curves
+        if cached is None:
+            cached = self.curves[-1.0] = (self.tokens.tolist(), self.kv.tolist(), self.times.tolist())
+        return cached  # type: ignore[return-value]
 
     def _budget_exact(self, kv: np.ndarray, tpot: float) -> np.ndarray:
         """Inverse of the bilinear table along the token axis at KV sizes ``kv`` (0 when not even one token fits;
