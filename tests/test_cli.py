@@ -187,7 +187,7 @@ def test_profile_fit_json_inherits_from_base(capsys, tmp_path, records_csv):
     (["profile", "fit", "{tmp}/bad.csv", "--family", "cubic", "--out", "{tmp}/p.json"], "'cubic'"),
     (["profile", "fit", "{tmp}/bad.csv", "--family", "quadratic", "--out", "{tmp}/p.json", "--kv-tokens", "9"],
      "time_s"),
-    (["profile", "run"], "not built yet"),
+    (["profile", "run"], "required: --model, --out"),
     (["nope"], "'nope'"),
 ])
 def test_bad_input_exits_2_with_one_line(capsys, tmp_path, argv, bad):
