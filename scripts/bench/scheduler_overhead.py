@@ -58,8 +58,8 @@ def build(n_new: int, n_running: int, seed: int = 0):
             rs.gen_in_stage[r] = g
             rs.tpot[r] = w.stage_tpot[w.stage_ptr[r] + 1]
             rs.dl_base[r] = w.arrival[r] + w.stage_ttft[w.stage_ptr[r]]
-        else:  # mid-prefill, arrived within the last 100 ms
-            rs.ready[r] = now - float(rng.uniform(0.0, 0.1))
+        else:  # mid-prefill, arrived within the last 20 ms
+            rs.ready[r] = now - float(rng.uniform(0.0, 0.02))
             rs.num_tokens[r] = w.input_tokens[r]
             rs.num_computed[r] = w.input_tokens[r] // 2
         rs.kv_blocks[r] = -(-int(rs.num_computed[r]) // inst.block_size)
@@ -68,8 +68,8 @@ def build(n_new: int, n_running: int, seed: int = 0):
     inst.free_blocks = inst.total_blocks - int(rs.kv_blocks[:n_running].sum())
     inst.running_changed()
     new = np.arange(n_running, n_running + n_new)
-    for r in new.tolist():  # arrived within the last 50 ms (a burst the scheduler decides on together)
-        rs.ready[r] = now - float(rng.uniform(0.0, 0.05))
+    for r in new.tolist():  # arrived within the last 10 ms (a burst the scheduler decides on together)
+        rs.ready[r] = now - float(rng.uniform(0.0, 0.01))
         rs.num_tokens[r] = w.input_tokens[r]
     return sim, pol, inst, new, now
 
