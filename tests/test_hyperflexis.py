@@ -333,3 +333,21 @@ def test_pd_attainment_at_least_rr_pd_at_high_load():
     hf = _sim(w, "hyperflexis-pd", n=4).run().result().summary
     assert rr["attainment"] < 0.95
     assert hf["attainment"] >= rr["attainment"]
+
+
+def test_scaling_env_expert_is_the_threshold_scaler():
+    import gymnasium as gym
+
+    import slogym  # noqa: F401
+
+    env = gym.make("slogym/Scaling-v0", scenario="hyperflexis-2task", rate_scale=3.0, episode=20.0, seed=0,
+                   pool_requests=6000, control_interval=1.0, n_instances=2, max_instances=6,
+                   policy="hyperflexis-scaling").unwrapped
+    env.reset(seed=1)
+    done, actions, info = False, [], {}
+    while not done:
+        a = env.expert_action("policy")
+        actions.append(int(np.asarray(a).ravel()[0]) - env.max_delta)
+        _, _, done, _, info = env.step(a)
+    assert set(actions) <= {-1, 0, 1} and 1 in actions, "3x load on 2 workers must make the scaler add workers"
+    assert len(env.sim.instances) > 2 and sum(info["summary"]["outcomes"].values()) == len(env.sim.w)
