@@ -122,6 +122,8 @@ def main() -> None:
         n_13 = sum(r >= 1.3 for r in ratios)
         print(f"geo-mean ratio {geo:.2f}x (paper {PAPER_GEOMEAN}x); >= 1.3x on {n_13}/{len(ratios)} scenarios "
               f"(expected >= 4/6)", flush=True)
+        print("note: differences from the paper (engine and KV size, memory reservation of full contexts, bounded "
+              "runs, generated arrivals) are explained in docs/baselines/slos_serve.md", flush=True)
     if not a.no_scaling:
         print(f"\nreplica scaling (SLOs-Serve; capacity = total req/s)", flush=True)
         print(f"{'scenario':11s} {'1':>7s} {'2':>7s} {'3':>7s} {'4':>7s}   x1: 2 / 3 / 4 replicas   paper", flush=True)
