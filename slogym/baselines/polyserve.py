@@ -166,6 +166,15 @@ class ProfileTable:
         out = np.interp(np.asarray(kv, np.float64), curve[0], curve[1])
         return np.floor(out).astype(np.int64)
 
+    def token_budget_each(self, kv: np.ndarray, tpot: np.ndarray) -> np.ndarray:
+        """:meth:`token_budget` with one TPOT per entry (grouped by distinct TPOT: a few tiers)."""
+        tpot = np.broadcast_to(np.asarray(tpot, np.float64), np.shape(kv))
+        out = np.empty(np.shape(kv), np.int64)
+        for u in np.unique(tpot).tolist():
+            m = tpot == u
+            out[m] = self.token_budget(np.asarray(kv)[m], u)
+        return out
+
     def token_budget_one(self, kv: int, tpot: float) -> int:
         """:meth:`token_budget` of one instance."""
         return int(self.token_budget(kv, tpot))
@@ -635,8 +644,9 @@ def dynamic_chunk_time(table: ProfileTable, tokens: np.ndarray, budget: int) -> 
 class PolyServeRouter(_FleetRouter):
     """PolyServe's tiered router (§4.1-4.7; see the module docstring for the full rule)."""
 
-    def admission(self, j: np.ndarray, r: int, now: float, host_tpot: float) -> Verdict:
-        """Co-located admission of request ``r`` on instances ``j`` whose operating TPOT would be ``host_tpot``.
+    def admission(self, j: np.ndarray, r: int, now: float, host_tpot: float | np.ndarray) -> Verdict:
+        """Co-located admission of request ``r`` on instances ``j`` whose operating TPOT would be ``host_tpot``
+        (one value, or one per instance).
 
         TPOT: profile time of the decode batch (residents + 1) at the predicted peak KV <= host TPOT (§4.5).
         TTFT: continuous chunked-prefill prediction (§4.7, co-location) with the wait time (§4.6): the chunk that
@@ -648,7 +658,7 @@ class PolyServeRouter(_FleetRouter):
         prompt = int(rs.num_tokens[r] - rs.num_computed[r])
         n, peak = self._peak(j, r, int(rs.num_tokens[r]))
         batch = n + 1
-        chunk = fleet.table.token_budget(peak, host_tpot) - batch
+        chunk = fleet.table.token_budget_each(peak, host_tpot) - batch
         todo = fleet.q_pre[j] + prompt
         step = np.maximum(chunk, 1)
         iters = -(-todo // step)
@@ -664,7 +674,7 @@ class PolyServeRouter(_FleetRouter):
               & (batch <= fleet.max_seqs[j]))
         return Verdict(ok, load, peak, first)
 
-    def decode_admission(self, j: np.ndarray, r: int, now: float, host_tpot: float) -> Verdict:
+    def decode_admission(self, j: np.ndarray, r: int, now: float, host_tpot: float | np.ndarray) -> Verdict:
         """Disaggregated decode admission of prefilled request ``r`` on decode instances ``j`` (§4.5-4.6): the
         decode batch at the predicted peak KV within the host TPOT, the peak within KV memory, and -- wait-time
         aware -- its next token (the second) before its deadline after the KV transfer, the rest of the host's
@@ -702,15 +712,6 @@ class PolyServeRouter(_FleetRouter):
         n = fleet.n_res[j]
         width = int(n.max()) if n.size else 0
         return n, future_kv_peak(fleet.rem[j, :width], fleet.csum[j, :width], n, ctx, r0)
-
-    def _pick(self, j: np.ndarray, r: int, now: float, host_tpot: float, decode: bool = False) -> int:
-        """The highest-load instance of ``j`` that admits ``r`` (ties: the first in ``j``), or -1."""
-        if not j.size:
-            return -1
-        v = (self.decode_admission if decode else self.admission)(j, r, now, host_tpot)
-        if not v.ok.any():
-            return -1
-        return int(j[np.argmax(np.where(v.ok, v.load, -1.0))])
 
     def route(self, req: int, sim: "Simulator", now: float) -> int:
         self.decisions += 1
@@ -755,27 +756,38 @@ class PolyServeRouter(_FleetRouter):
 
     def _place(self, req: int, sim: "Simulator", now: float, decode: bool = False) -> int:
         """Steps 1-3 of the routing rule over tiered instances (co-located, or the decode instances of a
-        disaggregated cluster): an instance index, or DEFER."""
+        disaggregated cluster): an instance index, or DEFER. Every candidate of every step is evaluated in one
+        vectorized admission call; the steps then pick in order."""
         fleet = self.core.fleet
         t = int(fleet.rtier[req])
         label = fleet.label
         # 1. own tier, 2. lazy promotion to tighter tiers, nearest first (never a looser one)
-        for host in range(min(t, fleet.n_tiers - 1), -1, -1) if t < fleet.n_tiers else \
-                [fleet.n_tiers, *range(fleet.n_tiers - 1, -1, -1)]:
-            j = np.flatnonzero(label == (fleet.POOL if host == fleet.n_tiers else host))
-            i = self._pick(j, req, now, float(fleet.label_tpot[host]), decode)
-            if i >= 0:
-                return self._commit(req, i, sim)
-        if t == fleet.n_tiers:  # best effort: the pool and every tier are full
-            return DEFER
+        hosts = list(range(min(t, fleet.n_tiers - 1), -1, -1)) if t < fleet.n_tiers else \
+            [fleet.POOL, *range(fleet.n_tiers - 1, -1, -1)]
+        tiered = np.isin(label, hosts)
         # 3. scale-up: a pending instance holding only tier >= t requests, or an idle pool instance
-        tighter = fleet.res_tier[:, :t].sum(axis=1) > 0
-        j = np.flatnonzero(((label == fleet.PENDING) | (label == fleet.POOL)) & ~tighter)
-        i = self._pick(j, req, now, float(fleet.tiers[t]), decode)
-        if i >= 0:
-            fleet.relabel(i, t, now)
-            return self._commit(req, i, sim)
-        return DEFER
+        scale = np.zeros_like(tiered)
+        if t < fleet.n_tiers:
+            scale = ((label == fleet.PENDING) | (label == fleet.POOL)) & ~(fleet.res_tier[:, :t].sum(axis=1) > 0)
+        j = np.flatnonzero(tiered | scale)
+        if not j.size:
+            return DEFER
+        up = scale[j]
+        tpot = np.where(up, fleet.tiers[min(t, fleet.n_tiers - 1)] if fleet.n_tiers else INF,
+                        fleet.label_tpot[label[j]])
+        v = (self.decode_admission if decode else self.admission)(j, req, now, tpot)
+        if not v.ok.any():
+            return DEFER
+        for host in hosts:
+            sel = v.ok & ~up & (label[j] == host)
+            if sel.any():
+                return self._commit(req, int(j[np.argmax(np.where(sel, v.load, -1.0))]), sim)
+        sel = v.ok & up
+        if not sel.any():
+            return DEFER
+        i = int(j[np.argmax(np.where(sel, v.load, -1.0))])
+        fleet.relabel(i, t, now)
+        return self._commit(req, i, sim)
 
     def _pend(self, req: int, sim: "Simulator", now: float) -> int:
         """Step 4: pend, unless even an idle server could no longer meet the TTFT (then: best effort)."""
