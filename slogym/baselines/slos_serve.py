@@ -56,10 +56,15 @@ Reconstructions and deviations (also in ``docs/baselines/slos_serve.md``):
 * Alg. 2 line 9 reads ``schDDL >= i * t0``; we read it as "due" (``<=``), the only reading that schedules anything.
 * Alg. 2 charges a tier-``l`` decode once per ``TPOT_l``; the DP therefore counts ``n_l * t0 / TPOT_l`` decode
   tokens per batch (App. D's formula charges ``n_l * sl_l`` per batch, which equals it for the binding tier).
-* ``Delta`` counts whole batches per interval (``floor``), as Eq. 2-3's partial batches do; memory is the full
-  context (prompt + all outputs + drafts) of every accepted request, reserved from admission to finish.
+* ``Delta = PB*(t, n)`` is ``floor(t / T)`` planned batches plus one shorter batch ending at the deadline (its
+  decode share pro rata; :class:`IntervalBudget`) -- with ``floor`` alone every deadline closer than one batch gets
+  nothing. Execution matches it by ending a batch at the earliest admitted prefill deadline it can meet.
+* Memory is the full context (prompt + all outputs + drafts) of every accepted request, reserved from admission to
+  finish; an admitted request already late in the model gets the earliest deadline its prefill alone can make.
 * Alg. 1's invocation thresholds: the DP runs for every arrival (``thresh_new = 0``) because the router needs a
-  decision per request (to route it elsewhere, §4.2); the batch plan is refreshed at every iteration.
+  decision per request (to route it elsewhere, §4.2); the batch plan is refreshed at every iteration. Budget
+  accrues from the end of the iteration in flight.
+* Speculation is given to due decodes only (decodes ahead of their deadline line run plain from leftover budget).
 * The planner's ``time2bs`` treats all tokens of a batch as one prefill chunk and every running decode's context as
   read (conservative for context-dependent perf models); the formed batch is then checked against the exact
   features and shrunk if it would exceed the batch time.
