@@ -426,7 +426,11 @@ class DispatcherState:
         sim = self.sim
         self.track_workers(now)
         for inst in sim.instances:
-            self.refresh(inst, now)
+            if inst.state == InstanceState.STOPPED:   # scaled in: out of both queues for good
+                self.workers.remove(inst.id)
+                self.decoders.remove(inst.id)
+            else:
+                self.refresh(inst, now)
         self.pending[:] = 0
         waiting = [r for inst in sim.instances for r in inst.waiting if np.isnan(sim.rs.first_scheduled[r])]
         np.add.at(self.pending, self.level[np.asarray(waiting, dtype=np.int64)], 1)
