@@ -408,6 +408,9 @@ class ScalingEnv(ServingEnv):
             raise ValueError(f"max_delta={max_delta!r}; must be >= 1")
         if not (lam >= 0 and np.isfinite(lam)):
             raise ValueError(f"lam={lam!r}; must be >= 0")
+        if kw.get("pd") is not None:
+            raise ValueError(f"pd={kw['pd']!r}: Scaling-v0 pools are colocated (prefill/decode role pools are not "
+                             f"implemented yet)")
         super().__init__(n_instances=n_instances, episode=episode, pool_requests=pool_requests, **kw)
         self.control_interval, self.max_delta, self.lam = float(control_interval), int(max_delta), float(lam)
         self.layout = PoolLayout(pools, self.n_tiers, n_instances, int(min_instances), int(max_instances),
