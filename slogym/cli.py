@@ -182,7 +182,8 @@ def format_summary(s: dict[str, Any], header: str) -> str:
         f"{'service gain':<18}{_fmt(s['service_gain'])} ({_fmt(s['service_gain_rate'])}/s)",
         f"{'SA objective':<18}{_fmt(s['sa_objective'], spec='.4f')}",
         f"{'cost':<18}{_fmt(s['cost_instance_seconds'])} instance-seconds "
-        f"(utilization {_pct(s['utilization'])})",
+        f"(utilization {_pct(s['utilization'])}; {_fmt(s.get('cost_per_request'), spec='.3f')} per served request)",
+        *([f"{'KV transfers':<18}{s['kv_transfers']}"] if s.get("pd") else []),
         f"{'outcomes':<18}{_counts(s['outcomes'])}",
         f"{'dropped reasons':<18}{_counts(s['dropped_reasons'])}",
         f"{'preemptions':<18}{s['preemptions']} ({s['recomputed_tokens']} tokens recomputed)",
@@ -192,6 +193,26 @@ def format_summary(s: dict[str, Any], header: str) -> str:
         f"({_fmt(rps, spec='.0f')} simulated requests per wall second)",
     ]
     return "\n".join(lines)
+
+
+def _pd_split(text: str) -> tuple[int, int]:
+    """``P:D`` -> (P, D), both >= 1."""
+    try:
+        p, d = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected P:D (e.g. 2:1), got {text!r}") from None
+    if p < 1 or d < 1:
+        raise argparse.ArgumentTypeError(f"needs at least one prefill and one decode instance, got {text!r}")
+    return p, d
+
+
+def _cluster_size(args: argparse.Namespace) -> int:
+    if args.pd is None:
+        return 1 if args.instances is None else args.instances
+    if args.instances is not None and args.instances != sum(args.pd):
+        raise UsageError(f"--instances {args.instances} disagrees with --pd {args.pd[0]}:{args.pd[1]} "
+                         f"({sum(args.pd)} instances)")
+    return sum(args.pd)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -216,8 +237,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:  # TraceFormatError is a ValueError naming file, row and field
         raise UsageError(str(e).splitlines()[0]) from None
 
+    n_inst = _cluster_size(args)
+    note = ""
+    if args.pd is not None and not policy.router.pd_aware:
+        # a router of colocated replicas would send new requests to decode instances
+        from slogym.core.policy import SingleOrRoundRobin
+
+        note = f" | router round-robin over prefill instances ({type(policy.router).__name__} is not PD-aware)"
+        policy.router = SingleOrRoundRobin()
     progress = not (args.json or args.no_progress) and sys.stderr.isatty()
-    sim = Simulator(workload, engine, policy, args.instances, seed=args.seed, attainment=args.attainment,
+    sim = Simulator(workload, engine, policy, n_inst, pd=args.pd, seed=args.seed, attainment=args.attainment,
                     progress=progress)
     result = sim.run().result()
     if args.out is not None:
@@ -230,7 +259,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     else:
         rate = "trace timestamps" if args.trace else f"{SCENARIOS[args.scenario].default_rate:g} req/s (default)"
     source = f" (trace {args.trace})" if args.trace else ""
-    header = (f"{args.scenario}{source} | policy {args.policy} | {args.instances} x {engine.name} | rate {rate} | "
+    shape = f"{n_inst} x {engine.name}" + (f" (PD {args.pd[0]}:{args.pd[1]})" if args.pd else "")
+    header = (f"{args.scenario}{source} | policy {args.policy} | {shape}{note} | rate {rate} | "
               f"{len(workload)} requests | seed {args.seed}")
     print(format_summary(result.summary, header))
     if args.out is not None:
@@ -449,7 +479,10 @@ def build_parser() -> argparse.ArgumentParser:
     n = s.add_mutually_exclusive_group()
     n.add_argument("--requests", type=_bounded(int, 1), metavar="N", help="number of requests (default: scenario's)")
     n.add_argument("--duration", type=_bounded(float, 0.0, strict=True), metavar="S", help="seconds of arrivals")
-    s.add_argument("--instances", type=_bounded(int, 1), default=1, metavar="N", help="number of replicas; default 1")
+    s.add_argument("--instances", type=_bounded(int, 1), default=None, metavar="N",
+                   help="number of replicas; default 1 (or P + D with --pd)")
+    s.add_argument("--pd", type=_pd_split, metavar="P:D",
+                   help="prefill/decode disaggregation: P prefill and D decode instances (docs/cluster.md)")
     s.add_argument("--seed", type=_bounded(int, 0), default=0, metavar="N", help="random seed; default 0")
     s.add_argument("--router", metavar="NAME", help="override the policy's router: round-robin, random, least-load")
     s.add_argument("--attainment", choices=ATTAINMENT_MODES, default="dslo",

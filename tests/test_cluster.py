@@ -4,13 +4,20 @@ disaggregation with KV transfer, and scaling actions at random times (property t
 from __future__ import annotations
 
 import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from conftest import ToyEngine
-from helpers import FF_FIELDS, assert_runs_equal
+from helpers import FF_FIELDS, assert_runs_equal, expected_compute, toy_engines, workloads
 from slogym.baselines import make_policy
-from slogym.core.request import Request, Workload, decode, prefill
+from slogym.core.cluster import KVTransfer, cold_start_seconds, model_params_b
+from slogym.core.instance import InstanceState, Role
+from slogym.core.policy import Scaler, Scheduler, SingleOrRoundRobin
+from slogym.core.request import Request, StageKind, Workload, decode, prefill
 from slogym.core.simulator import Simulator
-from slogym.core.state import Outcome
+from slogym.core.state import Outcome, Status
+from slogym.engines.registry import get_engine
 
 
 def _chat(n: int, gap: float = 0.01, p: int = 64, o: int = 40) -> Workload:
@@ -64,3 +71,194 @@ def test_live_subclass_disables_fast_forward():
     assert not Live(_chat(2), eng, make_policy("vllm", eng)).fast_forward
     assert Simulator(_chat(2), eng, make_policy("vllm", eng)).fast_forward
     assert (Live(_chat(4), eng, make_policy("vllm", eng)).run().rs.outcome == Outcome.FINISHED).all()
+
+
+# ---------------------------------------------------------------------------------------------- cold starts, transfer
+def test_cold_start_table_values_and_scaling_rule():
+    assert cold_start_seconds(7, "disk") == 4.14 and cold_start_seconds(32, "cpu_offload") == 19.41
+    assert cold_start_seconds(70, "d2d") == 1.16
+    assert cold_start_seconds(3.5, "disk") == pytest.approx(4.14 / 2)        # proportional below 7B
+    assert cold_start_seconds(140, "cpu_offload") == pytest.approx(11.50 * 2)  # proportional above 70B
+    assert 4.14 < cold_start_seconds(13, "disk") < 28.84                     # interpolated in between
+    for m in ("disk", "cpu_offload"):  # d2d is the fastest way up at every size
+        assert all(cold_start_seconds(s, "d2d") < cold_start_seconds(s, m) for s in (1, 7, 13, 32, 50, 70, 200))
+    with pytest.raises(ValueError, match="nvme"):
+        cold_start_seconds(7, "nvme")
+    assert model_params_b(get_engine("llama3-70b-h100-tp4")) == 70.0
+    assert model_params_b(get_engine("qwen2.5-7b-v100-tp2")) == 7.0
+
+
+def test_kv_transfer_time_model():
+    eng = get_engine("llama3-70b-h100-tp4")
+    x = KVTransfer(bandwidth_gbps=100.0, latency_s=1e-4)
+    # 80 layers x 8 KV heads x 128 dims x K,V x 2 bytes, split over 4 TP ranks
+    assert x.bytes_for(eng) == 2 * 80 * 8 * 128 * 2 / 4
+    assert x.seconds(1000, eng) == pytest.approx(1e-4 + 1000 * 81920 / 12.5e9)
+    assert KVTransfer(bytes_per_token=10.0, bandwidth_gbps=8.0, latency_s=0.0).seconds(100, None) == pytest.approx(1e-6)
+    with pytest.raises(ValueError, match="toy"):
+        KVTransfer().bytes_for(ToyEngine())
+    with pytest.raises(ValueError, match="bandwidth_gbps"):
+        KVTransfer(bandwidth_gbps=0.0)
+
+
+# ---------------------------------------------------------------------------------------------- property tests
+XFER = KVTransfer(bytes_per_token=65536.0, bandwidth_gbps=100.0, latency_s=1e-3)
+SETTINGS = dict(deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+_LIVE = (Status.WAITING, Status.RUNNING, Status.EXTERNAL, Status.TRANSFER)
+
+
+def check_cluster(sim: Simulator) -> None:
+    """KV, list and counter invariants of every instance, and each live request in exactly one place."""
+    rs = sim.rs
+    seen: set[int] = set()
+    for inst in sim.instances:
+        assert 0 <= inst.free_blocks <= inst.total_blocks
+        held = int(rs.kv_blocks[rs.instance == inst.id].sum())
+        assert held == inst.total_blocks - inst.free_blocks, (inst, held)
+        lists = inst.waiting + inst.running
+        assert not seen & set(lists) and len(set(lists)) == len(lists), f"request listed twice: {lists}"
+        seen |= set(lists)
+        assert all(rs.status[r] == Status.WAITING for r in inst.waiting)
+        assert all(rs.status[r] == Status.RUNNING for r in inst.running)
+        assert all(rs.instance[r] == inst.id for r in lists)
+        parked = (rs.instance == inst.id) & np.isin(rs.status, (Status.EXTERNAL, Status.TRANSFER))
+        assert int(parked.sum()) == inst.n_parked
+        assert inst.n_incoming == sum(d == inst.id for d in sim._xfer_dst.values())
+        if inst.state in (InstanceState.STARTING, InstanceState.STOPPED):
+            assert inst.empty and inst.free_blocks == inst.total_blocks and inst.inflight is None
+    moving = set(np.flatnonzero(rs.status == Status.TRANSFER).tolist())
+    assert moving == set(sim._xfer_dst) | set(sim._handoff_wait)
+    assert not set(sim._xfer_dst) & set(sim._handoff_wait)
+
+
+class CheckedScheduler(Scheduler):
+    """Checks the cluster before every decision, and that only ready, non-stopped instances are scheduled."""
+
+    def __init__(self, inner: Scheduler) -> None:
+        self.inner = inner
+        self.steady_through_finish = inner.steady_through_finish
+
+    def reset(self, sim) -> None:
+        self.sim = sim
+        self.inner.reset(sim)
+
+    def next_batch(self, inst, now):
+        # (a fast-forward stretch that ends with the last request asks once more; a stopped instance is empty)
+        assert inst.state != InstanceState.STARTING and (inst.state != InstanceState.STOPPED or inst.empty), inst
+        assert now >= inst.ready_at, f"instance {inst.id} scheduled at {now} before ready_at {inst.ready_at}"
+        check_cluster(self.sim)
+        return self.inner.next_batch(inst, now)
+
+
+class RandomScaler(Scaler):
+    """Adds (with a random cold start), drains and switches roles of instances at random times, keeping at
+    least one accepting entry instance (and one decode instance when ``pd``); snapshots what each draining
+    instance holds so that placements there can be checked."""
+
+    interval = 0.03
+
+    def __init__(self, pd: bool) -> None:
+        self.pd = pd
+
+    def reset(self, sim) -> None:
+        self.rng = np.random.default_rng(sim.seed)
+        self.resident: dict[int, set[int]] = {}
+
+    def _snapshot(self, sim, i: int) -> None:
+        rs = sim.rs
+        live = np.flatnonzero((rs.instance == i) & np.isin(rs.status, _LIVE)).tolist()
+        self.resident.setdefault(i, set()).update(live, (r for r, d in sim._xfer_dst.items() if d == i))
+
+    def decide(self, sim, now) -> None:
+        roles = [Role.PREFILL, Role.DECODE] if self.pd else [Role.COLOCATED]
+        u = self.rng.random()
+        alive = [x.id for x in sim.instances if x.state != InstanceState.STOPPED]
+        if u < 0.3 and len(alive) < 6:
+            sim.add_instance(role=roles[int(self.rng.integers(len(roles)))],
+                             cold_start=float(self.rng.choice([0.0, 0.01, 0.2])))
+        elif u < 0.6:
+            i = int(self.rng.choice(alive))
+            spare = [sim.accepting_instances(r) for r in roles]
+            if all(len(s) > 1 or i not in s for s in spare):
+                self._snapshot(sim, i)
+                if u < 0.45:
+                    sim.drain_instance(i)
+                else:
+                    to = roles[int(self.rng.integers(len(roles)))]
+                    sim.switch_role(i, to)
+
+
+class TracingSim(HookedSim):
+    """Checks every placement: never on a starting or stopped instance, and on a draining one only for requests
+    it already held when it started draining."""
+
+    def on_request_placed(self, r, inst) -> None:
+        super().on_request_placed(r, inst)
+        assert inst.state in (InstanceState.ACTIVE, InstanceState.DRAINING), (r, inst)
+        if inst.state == InstanceState.DRAINING:
+            held = self.policy.scaler.resident.get(inst.id, set()) if self.policy.scaler else set()
+            assert r in held, f"draining instance {inst.id} accepted request {r}"
+
+
+def run_cluster(w, engine, policy: str, pd: tuple[int, int] | None, n: int, scale: bool, ff: bool = True,
+                cls: type = Simulator) -> Simulator:
+    pol = make_policy(policy, engine, router=SingleOrRoundRobin())
+    pol.scheduler = CheckedScheduler(pol.scheduler)
+    if scale:
+        pol.scaler = RandomScaler(pd is not None)
+    sim = cls(w, engine, pol, None if pd else n, pd=pd, transfer=XFER, seed=5, fast_forward=ff)
+    return sim.run()
+
+
+def check_done(sim: Simulator) -> None:
+    """Every request exactly one outcome, tokens conserved, nothing left anywhere, cost = instance timelines."""
+    w, rs = sim.w, sim.rs
+    assert (rs.outcome != Outcome.NONE).all() and (rs.status == Status.DONE).all()
+    res = sim.result()
+    assert sum(res.summary["outcomes"].values()) == len(w)
+    assert sum(sim.dropped_reasons.values()) == int((rs.outcome == Outcome.DROPPED).sum())
+    served = (rs.outcome == Outcome.FINISHED) | (rs.outcome == Outcome.BEST_EFFORT)
+    assert (rs.computed_total[served] == expected_compute(w)[served] + rs.recomputed[served]).all()
+    check_cluster(sim)
+    for inst in sim.instances:
+        assert inst.empty and inst.free_blocks == inst.total_blocks
+    # KV moved at most once per prefill segment ending on a prefill instance, never to a non-decode role
+    xfers = [e for e in sim.events if e[1] == "kv_transfer"]
+    assert len(xfers) == sim.kv_transfers == res.summary["kv_transfers"]
+    # cost: each instance from its start event (or t=0) to its stop event (or the end), from the event log
+    start = {i: 0.0 for i in range(len(sim.roles))}
+    stop: dict[int, float] = {}
+    for t, kind, _, i, _ in sim.events:
+        if kind == "instance_start":
+            start[i] = float(t)
+        elif kind == "instance_stop":
+            stop[i] = float(t)
+    cost = sum(stop.get(i, sim.end_time) - t0 for i, t0 in start.items())
+    assert res.summary["cost_instance_seconds"] == pytest.approx(cost, rel=1e-12, abs=1e-12)
+    n_served = int(served.sum())
+    if n_served:
+        assert res.summary["cost_per_request"] == pytest.approx(cost / n_served)
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(w=workloads(max_requests=10, groups=False), engine=toy_engines(), policy=st.sampled_from(["vllm", "sarathi"]),
+       pd=st.sampled_from([(1, 1), (2, 1), (1, 2)]))
+def test_pd_every_request_one_outcome_and_fast_forward_exact(w, engine, policy, pd):
+    a = run_cluster(w, engine, policy, pd, 0, scale=False)
+    check_done(a)
+    assert a.kv_transfers <= int((a.w.stage_kind == StageKind.PREFILL).sum())
+    b = run_cluster(w, engine, policy, pd, 0, scale=False, ff=False)
+    assert_runs_equal(a.result(), b.result(), ignore=FF_FIELDS)
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(w=workloads(max_requests=12, groups=True), engine=toy_engines(), policy=st.sampled_from(["vllm", "sarathi"]),
+       pd=st.sampled_from([None, (1, 1), (2, 1)]))
+def test_scaling_at_random_times_keeps_invariants(w, engine, policy, pd):
+    a = run_cluster(w, engine, policy, pd, 2, scale=True, cls=TracingSim)
+    check_done(a)
+    b = run_cluster(w, engine, policy, pd, 2, scale=True, ff=False)
+    assert_runs_equal(a.result(), b.result(), ignore=FF_FIELDS)
+    c = run_cluster(w, engine, policy, pd, 2, scale=True)
+    assert a.result().records.equals(c.result().records)  # determinism: same seed, same records

@@ -1,4 +1,5 @@
-"""One serving replica: paged KV memory, waiting and running sets, the iteration in flight, cost clock."""
+"""One serving replica: role, lifecycle state, paged KV memory, waiting and running sets, the iteration in
+flight, cost clock."""
 
 from __future__ import annotations
 
@@ -14,12 +15,22 @@ if TYPE_CHECKING:
 
 
 class Role(IntEnum):
+    """What an instance runs: everything (COLOCATED), prompts whose KV then moves to a decode instance
+    (PREFILL), or the decode stages of requests whose KV it received (DECODE)."""
+
     COLOCATED = 0
     PREFILL = 1
     DECODE = 2
 
 
+ENTRY_ROLES = (Role.COLOCATED, Role.PREFILL)
+"""Roles that take newly arriving requests (a DECODE instance receives requests only by KV transfer)."""
+
+
 class InstanceState(IntEnum):
+    """Lifecycle: STARTING (cold start, until ``ready_at``) -> ACTIVE -> DRAINING (accepts nothing new,
+    finishes its requests) -> STOPPED; a role switch drains and returns to ACTIVE with the new role."""
+
     STARTING = 0
     ACTIVE = 1
     DRAINING = 2
@@ -33,12 +44,17 @@ class Instance:
     front of ``waiting``, as in vLLM). ``free_blocks`` counts free KV blocks of ``block_size`` tokens.
     """
 
-    def __init__(self, idx: int, engine: Any, sim: "Simulator", role: Role = Role.COLOCATED) -> None:
+    def __init__(self, idx: int, engine: Any, sim: "Simulator", role: Role = Role.COLOCATED,
+                 started_at: float = 0.0, ready_at: float = 0.0, pool: int = 0) -> None:
         self.id = idx
         self.engine = engine
         self.sim = sim
-        self.role = role
-        self.state = InstanceState.ACTIVE
+        self.role = Role(role)
+        self.state = InstanceState.STARTING if ready_at > started_at else InstanceState.ACTIVE
+        self.pool = pool
+        self.switch_to: Role | None = None  # role taken once a draining instance is empty (else it stops)
+        self.n_parked = 0    # requests off both lists whose KV stays here (tool call, KV transfer out)
+        self.n_incoming = 0  # KV transfers on their way to this instance
         self.block_size: int = int(engine.block_size)
         self.total_blocks: int = int(engine.kv_blocks)
         self.free_blocks: int = self.total_blocks
@@ -55,13 +71,24 @@ class Instance:
         self.iterations = 0
         self.busy_time = 0.0
         self.tokens = 0
-        self.started_at = 0.0
+        self.started_at = started_at  # cost clock: from the start request, cold start included
+        self.ready_at = ready_at
         self.stopped_at: float | None = None
 
     # ---------------------------------------------------------------- read-only helpers for policies
     @property
     def n_resident(self) -> int:
         return len(self.waiting) + len(self.running)
+
+    @property
+    def accepting(self) -> bool:
+        """Takes new requests: ACTIVE (not starting, draining or stopped)."""
+        return self.state == InstanceState.ACTIVE
+
+    @property
+    def empty(self) -> bool:
+        """Nothing resident, parked, or on its way here."""
+        return not (self.waiting or self.running or self.n_parked or self.n_incoming)
 
     @property
     def kv_utilization(self) -> float:
@@ -91,5 +118,6 @@ class Instance:
         return -(-int(n_tokens) // self.block_size)
 
     def __repr__(self) -> str:
-        return (f"Instance({self.id}, {self.engine.name}, waiting={len(self.waiting)}, "
+        return (f"Instance({self.id}, {self.engine.name}, {self.role.name}, {self.state.name}, "
+                f"waiting={len(self.waiting)}, "
                 f"running={len(self.running)}, free_blocks={self.free_blocks}/{self.total_blocks})")

@@ -13,6 +13,9 @@ Requests flagged ``best_effort`` in the workload have no SLO: they count as met 
 attainment. Tempo's service gain (Eq. 1-3): requests with a TTLT SLO get ``(w_i L_i + w_o L_o) f(SLO, TTLT)``;
 others ``w_i L_i f(SLO_TTFT, TTFT) + w_o sum_k f(SLO_TBT, TBT_k)``, with ``f = min{1, (SLO/metric)^alpha}``.
 The SA objective (SA paper Eq. 2) is attainment divided by the mean end-to-end latency of served requests.
+Cost: ``cost_instance_seconds`` sums every instance's life, cold start included (HyperFlexis' cost unit, §3
+Eq. 3 and §8: cumulative instance time); ``cost_per_request`` divides it by the served requests (finished or
+best-effort), the per-request cost PolyServe reports.
 """
 
 from __future__ import annotations
@@ -134,6 +137,12 @@ def request_records(sim: "Simulator") -> pd.DataFrame:
     return df
 
 
+def instance_seconds(sim: "Simulator") -> list[float]:
+    """Each instance's cost in instance-seconds (HyperFlexis Eq. 3 with a unit cost of 1 per second): from its
+    start request (cold start included) to its stop, or to the end of the run while alive."""
+    return [(i.stopped_at if i.stopped_at is not None else sim.end_time) - i.started_at for i in sim.instances]
+
+
 def _attainment(df: pd.DataFrame, by: str) -> dict[str, float]:
     return {str(k): float(v) for k, v in df.groupby(by, sort=True)["slo_met"].mean().items()}
 
@@ -148,13 +157,14 @@ def run_summary(sim: "Simulator", df: pd.DataFrame) -> dict[str, Any]:
     served = df["outcome"].isin(("finished", "best_effort"))
     attainment = float(scored["slo_met"].mean()) if len(scored) else float("nan")
     mean_latency = float(df.loc[served, "ttlt"].mean()) if served.any() else float("nan")
-    inst_seconds = [((i.stopped_at if i.stopped_at is not None else sim.end_time) - i.started_at)
-                    for i in sim.instances]
+    inst_seconds = instance_seconds(sim)
+    n_served = int(served.sum())
     summary: dict[str, Any] = {
         "workload": w.name,
         "policy": sim.policy.name,
-        "engine": sorted({e.name for e in sim.engines}),
+        "engine": sorted({i.engine.name for i in sim.instances}),
         "n_instances": len(sim.instances),
+        "pd": list(sim.pd) if sim.pd is not None else None,
         "seed": sim.seed,
         "attainment_mode": sim.attainment,
         "n_requests": len(w),
@@ -170,6 +180,8 @@ def run_summary(sim: "Simulator", df: pd.DataFrame) -> dict[str, Any]:
         "service_gain_rate": float(df["service_gain"].sum()) / span,
         "sa_objective": attainment / mean_latency if mean_latency > 0 else float("nan"),
         "cost_instance_seconds": float(sum(inst_seconds)),
+        "cost_per_request": float(sum(inst_seconds)) / n_served if n_served else float("nan"),
+        "kv_transfers": int(sim.kv_transfers),
         "utilization": float(sum(i.busy_time for i in sim.instances) / max(sum(inst_seconds), 1e-9)),
         "outcomes": {name: int((df["outcome"] == name).sum()) for name in OUTCOME_NAMES.values()
                      if name != "none"},

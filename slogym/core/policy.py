@@ -8,7 +8,11 @@ Baselines implement the pieces their paper has; the simulator calls them at thes
   to the best-effort tier; ``best_effort_instance`` then picks where it runs).
 * ``Scheduler.next_batch(inst, now)`` whenever an instance is free: returns the next iteration's
   :class:`~slogym.core.batch.Batch` or ``None`` to idle until the next event that reaches the instance.
-* ``Scaler.decide(sim, now)`` every ``Scaler.interval`` seconds (cluster-shape changes; see the cluster issue).
+* ``Router.route_decode(req, sim, now)`` when a request's prefill completes on a PREFILL instance: the
+  DECODE instance its KV moves to (default: the accepting one with the most free KV blocks), or DEFER
+  (keep the KV where it is and ask again when an instance becomes ready).
+* ``Scaler.decide(sim, now)`` every ``Scaler.interval`` seconds: cluster-shape changes through
+  ``sim.add_instance``, ``drain_instance``, ``switch_role``, ``set_pool`` (docs/cluster.md).
 
 A policy keeps its own state and must reset it in ``reset(sim)``; it must not mutate simulator arrays
 directly -- decisions go through return values.
@@ -21,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from slogym.core.batch import Batch
+from slogym.core.instance import ENTRY_ROLES, Role
 
 if TYPE_CHECKING:
     from slogym.core.instance import Instance
@@ -37,6 +42,9 @@ class Router(ABC):
     #: True if this router's decisions depend on other instances' per-iteration progress between arrivals;
     #: the simulator then never fast-forwards one instance past another's events.
     coupled: bool = False
+    #: True if ``route`` only returns accepting instances of the entry roles (COLOCATED, PREFILL), so the
+    #: router works on disaggregated and scaling clusters (``slogym simulate --pd`` replaces other routers).
+    pd_aware: bool = False
 
     def reset(self, sim: "Simulator") -> None:
         """Called once before a run."""
@@ -46,8 +54,16 @@ class Router(ABC):
         """Instance index, or DEFER / REJECT / BEST_EFFORT."""
 
     def best_effort_instance(self, req: int, sim: "Simulator", now: float) -> int:
-        """Where a demoted request runs; default: the instance with the fewest resident requests."""
-        return min(range(len(sim.instances)), key=lambda i: sim.instances[i].n_resident)
+        """Where a demoted request runs; default: the accepting entry instance with the fewest resident
+        requests (DEFER when none accepts)."""
+        cands = sim.accepting_instances(ENTRY_ROLES)
+        return min(cands, key=lambda i: sim.instances[i].n_resident) if cands else DEFER
+
+    def route_decode(self, req: int, sim: "Simulator", now: float) -> int:
+        """The DECODE instance that receives ``req``'s KV after its prefill on a PREFILL instance; default:
+        the accepting DECODE instance with the most free KV blocks (lowest index on ties), DEFER if none."""
+        cands = sim.accepting_instances(Role.DECODE)
+        return max(cands, key=lambda i: (sim.instances[i].free_blocks, -i)) if cands else DEFER
 
 
 class Scheduler(ABC):
@@ -82,13 +98,19 @@ class Scaler(ABC):
 
 
 class SingleOrRoundRobin(Router):
-    """The documented default router: everything to instance 0, or round-robin over several instances."""
+    """The documented default router: everything to instance 0, or round-robin over several instances --
+    the accepting ones of the entry roles (on a static colocated cluster: all of them); DEFER when none is."""
+
+    pd_aware = True
 
     def reset(self, sim: "Simulator") -> None:
         self._next = 0
 
     def route(self, req: int, sim: "Simulator", now: float) -> int:
-        i = self._next % len(sim.instances)
+        cands = sim.accepting_instances(ENTRY_ROLES)
+        if not cands:
+            return DEFER
+        i = cands[self._next % len(cands)]
         self._next += 1
         return i
 

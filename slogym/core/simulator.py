@@ -32,7 +32,8 @@ import numpy as np
 
 from slogym.core.batch import Batch, BatchFeatures
 from slogym.core.errors import SchedulerError
-from slogym.core.instance import Instance
+from slogym.core.cluster import KVTransfer, cold_start_of
+from slogym.core.instance import Instance, InstanceState, Role
 from slogym.core.policy import BEST_EFFORT, DEFER, REJECT, Policy
 from slogym.core.request import StageKind, Workload
 from slogym.core.state import (F_DL, F_DSLO, F_FINAL, F_GAP, F_LAST, F_SG, F_TPOT, F_TSLACK, I_COMP, I_GEN,
@@ -41,7 +42,7 @@ from slogym.core.state import (F_DL, F_DSLO, F_FINAL, F_GAP, F_LAST, F_SG, F_TPO
 
 INF = math.inf
 _PREFILL, _DECODE, _EXTERNAL = int(StageKind.PREFILL), int(StageKind.DECODE), int(StageKind.EXTERNAL)
-_EXT_DONE, _RELEASE, _TIMER = 0, 1, 2
+_EXT_DONE, _RELEASE, _TIMER, _XFER_DONE, _READY = 0, 1, 2, 3, 4
 _WAITING, _RUNNING = int(Status.WAITING), int(Status.RUNNING)
 _FF_MAX = 4096
 _Gen = Generator[tuple, Any, None]
@@ -58,6 +59,13 @@ class Simulator:
     sg_weights    Tempo service-gain weights (w_i, w_o), Eq. 1; ``sg_alpha`` the divisive-decay exponent
     spec_acceptance  per-token acceptance probability of speculative drafts (SLOs-Serve App. D)
     fast_forward  allow the vectorized decode fast-forward (results are identical either way)
+    pd            ``(P, D)``: a disaggregated cluster, instances 0..P-1 PREFILL and P..P+D-1 DECODE
+                  (``n_instances`` = P + D or omitted); None = every instance COLOCATED
+    transfer      the KV-transfer time model of disaggregation (:class:`~slogym.core.cluster.KVTransfer`;
+                  default: bytes per token from the engine preset, 100 Gb/s, 0.1 ms)
+
+    Cluster API (docs/cluster.md): :meth:`add_instance`, :meth:`drain_instance`, :meth:`switch_role`,
+    :meth:`set_pool`, :meth:`accepting_instances`.
 
     Backend hooks: a live-engine subclass sets ``live = True`` and overrides :meth:`iteration_time`; it may
     also override :meth:`on_kv_freed` and :meth:`on_request_placed` to mirror KV residency.
@@ -70,8 +78,10 @@ class Simulator:
         workload: Workload,
         engine: Any,
         policy: Policy,
-        n_instances: int = 1,
+        n_instances: int | None = None,
         *,
+        pd: tuple[int, int] | None = None,
+        transfer: KVTransfer | None = None,
         seed: int = 0,
         attainment: str = "dslo",
         sg_weights: tuple[float, float] = (1.0, 2.0),
@@ -83,8 +93,7 @@ class Simulator:
     ) -> None:
         if attainment not in ATTAINMENT_MODES:
             raise ValueError(f"attainment={attainment!r}; expected one of {ATTAINMENT_MODES}")
-        if n_instances < 1:
-            raise ValueError(f"n_instances={n_instances}; must be >= 1")
+        roles, n_instances = self._roles(pd, n_instances, engine)
         if not 0.0 <= spec_acceptance < 1.0:
             raise ValueError(f"spec_acceptance={spec_acceptance}; must be in [0, 1)")
         if not sg_alpha > 0:
@@ -104,10 +113,34 @@ class Simulator:
         if len(engines) != n_instances:
             raise ValueError(f"{len(engines)} engines given for n_instances={n_instances}")
         self.engines = engines
+        self.roles = roles
+        self.pd = None if pd is None else (roles.count(Role.PREFILL), roles.count(Role.DECODE))
+        self.transfer = KVTransfer() if transfer is None else transfer
+        if pd is not None:
+            self.transfer.bytes_for(engines[0])  # fail now, naming the engine, if its KV size is unknown
         self.agent_route = False
         self.agent_schedule = False
         self.defer_timing = False  # yield ("time", instance, features) for a driver to answer with seconds
         self._reset_state()
+
+    @staticmethod
+    def _roles(pd: tuple[int, int] | None, n_instances: int | None, engine: Any) -> tuple[list[Role], int]:
+        """Initial roles (and the instance count) from ``pd`` / ``n_instances`` / an engine list."""
+        if pd is None:
+            n = n_instances if n_instances is not None else (
+                len(engine) if isinstance(engine, (list, tuple)) else 1)
+            if n < 1:
+                raise ValueError(f"n_instances={n}; must be >= 1")
+            return [Role.COLOCATED] * n, n
+        try:
+            p, d = (int(x) for x in pd)
+        except (TypeError, ValueError):
+            raise ValueError(f"pd={pd!r}; expected (prefill instances, decode instances)") from None
+        if p < 1 or d < 1:
+            raise ValueError(f"pd={pd!r}; needs at least one prefill and one decode instance")
+        if n_instances is not None and n_instances != p + d:
+            raise ValueError(f"n_instances={n_instances} but pd={pd!r} makes {p + d} instances")
+        return [Role.PREFILL] * p + [Role.DECODE] * d, p + d
 
     # ================================================================== public API
     def run(self) -> "Simulator":
@@ -153,11 +186,118 @@ class Simulator:
     def on_request_placed(self, r: int, inst: Instance) -> None:
         """Request ``r`` joined ``inst``'s waiting list (routing, tool return, preemption, KV arrival). No-op."""
 
+    # ================================================================== cluster API (lifecycle and scaling)
+    def add_instance(self, engine: Any = None, role: Role = Role.COLOCATED, cold_start: float | str = 0.0,
+                     pool: int = 0) -> int:
+        """Start a new instance now; it is STARTING for ``cold_start`` seconds (or a HyperFlexis Table 2
+        method: ``disk``, ``cpu_offload``, ``d2d``; see :func:`~slogym.core.cluster.cold_start_seconds`), then
+        ACTIVE. Its cost clock starts now. Returns its index. ``engine`` defaults to instance 0's."""
+        eng = self.engines[0] if engine is None else engine
+        t = self.now
+        ready = t + cold_start_of(eng, cold_start)
+        i = len(self.instances)
+        inst = Instance(i, eng, self, Role(role), started_at=t, ready_at=ready, pool=int(pool))
+        self.instances.append(inst)
+        self._lifecycle = True
+        self._pd |= inst.role == Role.PREFILL
+        self.log_event(t, "instance_start", -1, i, int(inst.role))
+        if inst.accepting:
+            self.log_event(t, "instance_ready", -1, i)
+        self._push(ready, _READY, i)  # becomes ACTIVE then; deferred requests and KV hand-offs are retried
+        return i
+
+    def drain_instance(self, i: int) -> None:
+        """Stop instance ``i`` gracefully: DRAINING (accepts nothing new) until every request resident, parked
+        or arriving there is done, then STOPPED. A STARTING instance stops at once; a STOPPED one is left."""
+        inst = self._instance(i)
+        if inst.state == InstanceState.STOPPED:
+            return
+        self._lifecycle = True
+        inst.switch_to = None
+        if inst.state == InstanceState.STARTING:
+            self._retire(inst, self.now)
+            return
+        if inst.state == InstanceState.ACTIVE:
+            inst.state = InstanceState.DRAINING
+            self.log_event(self.now, "instance_drain", -1, inst.id)
+        self._check_drained(inst, self.now)
+
+    def switch_role(self, i: int, role: Role) -> None:
+        """Give instance ``i`` a new role: at once when it holds nothing (or is still starting), else it
+        drains first and returns to ACTIVE with ``role`` when empty (cancelling a pending stop)."""
+        inst = self._instance(i)
+        role = Role(role)
+        if inst.state == InstanceState.STOPPED:
+            raise SchedulerError(f"cannot switch the role of instance {i}: it is STOPPED")
+        self._lifecycle = True
+        self._pd |= role == Role.PREFILL
+        if inst.state == InstanceState.STARTING or (inst.state == InstanceState.ACTIVE and inst.empty):
+            if role != inst.role:
+                inst.role = role
+                self.log_event(self.now, "role_switch", -1, i, int(role))
+                if inst.accepting:
+                    self._push(self.now, _READY, i)
+            return
+        if inst.state == InstanceState.ACTIVE and role == inst.role:
+            return
+        inst.switch_to = role
+        if inst.state == InstanceState.ACTIVE:
+            inst.state = InstanceState.DRAINING
+            self.log_event(self.now, "instance_drain", -1, i)
+        self._check_drained(inst, self.now)
+
+    def set_pool(self, i: int, pool: int) -> None:
+        """Label instance ``i`` with ``pool`` (a tier or pool index policies choose)."""
+        self._instance(i).pool = int(pool)
+
+    def accepting_instances(self, role: Role | tuple[Role, ...] | None = None, pool: int | None = None) -> list[int]:
+        """Indices of ACTIVE instances, optionally of the given role(s) and pool."""
+        roles = None if role is None else ((role,) if isinstance(role, int) else tuple(role))
+        return [x.id for x in self.instances if x.state == InstanceState.ACTIVE
+                and (roles is None or x.role in roles) and (pool is None or x.pool == pool)]
+
+    def _instance(self, i: int) -> Instance:
+        if not 0 <= i < len(self.instances):
+            raise SchedulerError(f"instance {i} does not exist; there are {len(self.instances)}")
+        return self.instances[i]
+
+    def _push(self, t: float, kind: int, payload: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._glob, (t, self._seq, kind, payload))
+
+    def _check_drained(self, inst: Instance, t: float) -> None:
+        if inst.state == InstanceState.DRAINING and inst.empty:
+            self._retire(inst, t)
+
+    def _retire(self, inst: Instance, t: float) -> None:
+        """An empty draining (or still starting) instance stops, or takes its pending role and is ACTIVE."""
+        if inst.switch_to is not None:
+            inst.role, inst.switch_to = inst.switch_to, None
+            inst.state = InstanceState.ACTIVE
+            self.log_event(t, "role_switch", -1, inst.id, int(inst.role))
+            self._push(t, _READY, inst.id)
+            return
+        inst.state = InstanceState.STOPPED
+        inst.stopped_at = t
+        self.log_event(t, "instance_stop", -1, inst.id)
+
+    def _on_ready(self, i: int, t: float) -> _Gen:
+        """Instance ``i``'s cold start ended (or it became accepting): retry what waits for capacity."""
+        inst = self.instances[i]
+        if inst.state == InstanceState.STARTING:
+            inst.state = InstanceState.ACTIVE
+            self.log_event(t, "instance_ready", -1, i)
+        if self._handoff_wait:
+            wait, self._handoff_wait = self._handoff_wait, []
+            for r in wait:
+                yield from self._send_kv(r, t)
+        if self.global_queue:
+            yield from self._retry_queue(t)
+
     # ================================================================== state
     def _reset_state(self) -> None:
         w = self.w
         self.rs = RequestState(w)
-        self.instances = [Instance(i, e, self) for i, e in enumerate(self.engines)]
         self.now = 0.0
         self.global_queue: list[int] = []
         self.completed: list[int] | None = None  # when a list, every request reaching an outcome is appended
@@ -182,6 +322,12 @@ class Simulator:
             self._groups[(g, s)] = self._groups.get((g, s), 0) + 1
         self._group_stage_open = {g: 0 for g, _ in self._groups}
         self._pbar = None
+        self.instances = [Instance(i, e, self, role) for i, (e, role) in enumerate(zip(self.engines, self.roles))]
+        self._pd = Role.PREFILL in self.roles  # other instances' iteration ends can hand KV off: see _ff_horizon
+        self._lifecycle = False  # set by the first drain / switch / add: instances may then stop or flip
+        self._xfer_dst: dict[int, int] = {}  # request -> decode instance, while its KV is in flight
+        self._handoff_wait: list[int] = []  # prefilled requests no decode instance could take yet
+        self.kv_transfers = 0
 
     # ================================================================== event loop
     def _loop(self) -> _Gen:
@@ -206,11 +352,15 @@ class Simulator:
                     yield from self._on_external_done(payload, t)
                 elif kind == _RELEASE:
                     yield from self._begin(payload, t)
-                else:
+                elif kind == _TIMER:
                     payload(self, t)
                     for inst in self.instances:
                         if not inst.busy and inst.n_resident:
                             yield from self._schedule(inst, t)
+                elif kind == _XFER_DONE:
+                    yield from self._on_transfer_done(payload, t)
+                else:
+                    yield from self._on_ready(payload, t)
             elif ta < INF:
                 r = self._na
                 self._na += 1
@@ -257,7 +407,12 @@ class Simulator:
             if action >= len(self.instances):
                 raise SchedulerError(f"router sent request {r} to instance {action}; "
                                      f"there are {len(self.instances)}")
-            yield from self._place(r, self.instances[action], t)
+            inst = self.instances[action]
+            if inst.state != InstanceState.ACTIVE or inst.role == Role.DECODE:
+                raise SchedulerError(f"router sent request {r} to instance {action}, which is "
+                                     f"{inst.state.name} with role {inst.role.name}; new requests go to "
+                                     f"accepting COLOCATED or PREFILL instances (sim.accepting_instances)")
+            yield from self._place(r, inst, t)
         elif action == DEFER:
             self.rs.status[r] = Status.QUEUED
             self.global_queue.append(r)
@@ -444,6 +599,11 @@ class Simulator:
         if self._iter and (self.policy.router.coupled or self.global_queue or self._held):
             # another instance's iteration end may finish a request that wakes one for this instance
             h = min(h, self._iter[0][0])
+        elif self._pd and self._iter:
+            # a prefill instance's iteration end hands KV off: route_decode reads the decode instances' state
+            # then, and the transfer it starts may end inside this stretch
+            ins = self.instances
+            h = min(h, min((e[0] for e in self._iter if ins[e[2]].role == Role.PREFILL), default=INF))
         return h
 
     def _fast_forward(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, nc0: np.ndarray,
@@ -643,6 +803,7 @@ class Simulator:
         caught = rows[:, I_NC] == rows[:, I_NT]
         emit = idx if caught.all() else idx[caught]
         transitions: list[int] = []
+        prefilled: list[int] = []
         if emit.size:
             kinds = self._skind[rs.stage[emit]]
             is_dec = kinds == _DECODE
@@ -651,9 +812,12 @@ class Simulator:
                 with np.errstate(divide="ignore"):  # after accepted drafts the bonus token's gap is 0: f = 1
                     transitions.extend(self._emit_tokens(dec, t).tolist())
             if not is_dec.all():
-                transitions.extend(r for r in emit[~is_dec].tolist() if self._end_prefill(r, t))
+                prefilled = emit[~is_dec].tolist()
+                transitions.extend(r for r in prefilled if self._end_prefill(r, t))
         for r in transitions:
             yield from self._transition(r, t)
+        if prefilled and inst.role == Role.PREFILL:
+            yield from self._hand_off(inst, prefilled, t)
         inst.busy = False
         if inst.n_resident:
             yield from self._schedule(inst, t)
@@ -779,6 +943,7 @@ class Simulator:
         inst = self.instances[int(rs.instance[r])]
         inst.running.remove(r)
         inst.running_changed()
+        inst.n_parked += 1
         rs.status[r] = Status.EXTERNAL
         rs.slot[r] = -1
         self._seq += 1
@@ -793,12 +958,72 @@ class Simulator:
         rs.num_tokens[r] += w.stage_tokens[nxt]
         rs.ready[r] = t
         inst = self.instances[int(rs.instance[r])]
+        inst.n_parked -= 1
         rs.status[r] = Status.WAITING
         rs.slot[r] = inst.id
         inst.waiting.append(r)
         self.on_request_placed(r, inst)
         if not inst.busy:
             yield from self._schedule(inst, t)
+
+    # ================================================================== prefill/decode disaggregation
+    def _hand_off(self, inst: Instance, prefilled: list[int], t: float) -> _Gen:
+        """Requests whose prefill just completed on PREFILL instance ``inst`` and that go on decoding leave its
+        running set; their KV stays there until the transfer to a decode instance ends."""
+        rs = self.rs
+        for r in prefilled:
+            if rs.status[r] != _RUNNING or rs.slot[r] != inst.id or self._skind[rs.stage[r]] != _DECODE:
+                continue  # finished with its first token, or a tool call follows
+            inst.running.remove(r)
+            inst.running_changed()
+            inst.n_parked += 1
+            rs.status[r] = Status.TRANSFER
+            rs.slot[r] = -1
+            yield from self._send_kv(r, t)
+
+    def _send_kv(self, r: int, t: float) -> _Gen:
+        """Ask the router for ``r``'s decode instance and start the KV transfer (or wait for capacity)."""
+        rs = self.rs
+        d = int(self.policy.router.route_decode(r, self, t))
+        if d == DEFER:
+            self._handoff_wait.append(r)
+            return
+        if not 0 <= d < len(self.instances):
+            raise SchedulerError(f"route_decode sent request {r} to instance {d}; expected an instance index "
+                                 f"0..{len(self.instances) - 1} or DEFER={DEFER}")
+        dst = self.instances[d]
+        if dst.state != InstanceState.ACTIVE or dst.role == Role.PREFILL:
+            raise SchedulerError(f"route_decode sent request {r} to instance {d}, which is {dst.state.name} "
+                                 f"with role {dst.role.name}; KV goes to accepting DECODE or COLOCATED instances")
+        if self._max_ctx[r] > dst.total_blocks * dst.block_size:
+            yield from self._drop(r, "exceeds_kv_capacity", t)
+            return
+        src = self.instances[int(rs.instance[r])]
+        dst.n_incoming += 1
+        self._xfer_dst[r] = d
+        self.kv_transfers += 1
+        self.log_event(t, "kv_transfer", r, src.id, d)
+        self._push(t + self.transfer.seconds(int(rs.num_computed[r]), src.engine), _XFER_DONE, r)
+
+    def _on_transfer_done(self, r: int, t: float) -> _Gen:
+        """``r``'s KV arrived: freed on the prefill instance; ``r`` waits on the decode instance, its computed
+        tokens counted as KV to allocate when a scheduler admits it (decode-side admission)."""
+        rs = self.rs
+        src = self.instances[int(rs.instance[r])]
+        dst = self.instances[self._xfer_dst.pop(r)]
+        src.free_blocks += int(rs.kv_blocks[r])
+        rs.kv_blocks[r] = 0
+        src.n_parked -= 1
+        self.on_kv_freed(r, src)
+        dst.n_incoming -= 1
+        rs.instance[r] = dst.id
+        rs.slot[r] = dst.id
+        rs.status[r] = Status.WAITING
+        dst.waiting.append(r)
+        self.on_request_placed(r, dst)
+        self._check_drained(src, t)
+        if not dst.busy:
+            yield from self._schedule(dst, t)
 
     # ================================================================== leaving an instance
     def _release(self, r: int) -> None:
@@ -818,6 +1043,15 @@ class Simulator:
             inst.running_changed()
         elif st == Status.WAITING:
             inst.waiting.remove(r)
+        elif st == Status.EXTERNAL:
+            inst.n_parked -= 1
+        elif st == Status.TRANSFER:
+            inst.n_parked -= 1
+            d = self._xfer_dst.pop(r, None)
+            if d is not None:
+                self.instances[d].n_incoming -= 1
+            else:
+                self._handoff_wait.remove(r)
         self.on_kv_freed(r, inst)
 
     def _preempt(self, inst: Instance, r: int, t: float) -> None:
@@ -847,6 +1081,8 @@ class Simulator:
         rs.outcome[r] = outcome
         rs.finish[r] = t
         self._n_done += 1
+        if self._lifecycle and rs.instance[r] >= 0:
+            self._check_drained(self.instances[int(rs.instance[r])], t)
         if self.completed is not None:
             self.completed.append(r)
         if self._pbar is not None and self._n_done % 1024 == 0:
@@ -885,7 +1121,7 @@ class Simulator:
         rs = self.rs
         reasons = {Status.WAITING: "never_scheduled", Status.RUNNING: "stalled", Status.QUEUED: "deferred_at_end",
                    Status.HELD: "group_never_released", Status.PENDING: "never_arrived",
-                   Status.EXTERNAL: "external_at_end"}
+                   Status.EXTERNAL: "external_at_end", Status.TRANSFER: "transfer_at_end"}
         for r in np.flatnonzero(rs.status != Status.DONE).tolist():
             reason = reasons[Status(int(rs.status[r]))]
             self.dropped_reasons[reason] = self.dropped_reasons.get(reason, 0) + 1

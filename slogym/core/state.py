@@ -26,6 +26,7 @@ class Status(IntEnum):
     RUNNING = 4   # on an instance, KV resident
     EXTERNAL = 5  # in a tool call
     DONE = 6
+    TRANSFER = 7  # prefill done on a PREFILL instance; KV on its way to (or waiting for) a decode instance
 
 
 class Outcome(IntEnum):

@@ -108,6 +108,8 @@ class ServingEnv(gym.Env):
         rate_scale   arrival-rate multiplier (> 0)
         engine       engine preset name or JSON path
         n_instances  replicas in the cluster
+        pd           ``(P, D)``: a prefill/decode-disaggregated cluster of P + D instances (overrides
+                     ``n_instances``; needs a PD-aware policy's router, e.g. ``distserve``; docs/cluster.md)
         policy       baseline making every decision the agent does not (``slogym policies``)
         reward       ``goodput`` | ``attainment`` | ``service_gain``
         episode      requests per episode (int) or seconds of trace (float)
@@ -123,7 +125,8 @@ class ServingEnv(gym.Env):
     def __init__(self, scenario: str = "chatbot", trace: str | None = None, rate_scale: float = 1.0,
                  engine: str = "llama3-8b-h100", n_instances: int = 1, policy: str = "sarathi",
                  reward: str = "goodput", episode: int | float = 256, split: str = "all", seed: int | None = None,
-                 attainment: str = "dslo", pool_requests: int | None = None, render_mode: str | None = None) -> None:
+                 attainment: str = "dslo", pool_requests: int | None = None, render_mode: str | None = None,
+                 pd: tuple[int, int] | None = None) -> None:
         if scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(sorted(SCENARIOS))}")
         if not (isinstance(rate_scale, (int, float)) and rate_scale > 0 and np.isfinite(rate_scale)):
@@ -142,6 +145,9 @@ class ServingEnv(gym.Env):
             raise ValueError(f"render_mode={render_mode!r}; known: {self.metadata['render_modes']}")
         self.scenario, self.policy_name, self.reward_name = scenario, policy, reward
         self.n_instances, self.episode, self.split = n_instances, episode, split
+        self.pd = None if pd is None else (int(pd[0]), int(pd[1]))
+        if self.pd is not None:
+            self.n_instances = sum(self.pd)
         self.attainment, self.render_mode = attainment, render_mode
         self.engine: EngineSpec = get_engine(engine)
         pool_seed = 0 if seed is None else int(seed)
@@ -192,7 +198,7 @@ class ServingEnv(gym.Env):
         w = self._window()
         pol = make_policy(self.policy_name, self.engine)
         self.sim = Simulator(w, self.engine, pol, self.n_instances, seed=int(self.np_random.integers(2**31)),
-                             attainment=self.attainment)
+                             attainment=self.attainment, pd=self.pd)
         self.sim.completed = []
         self.sim.defer_timing = defer_timing
         self._configure(self.sim)
