@@ -46,6 +46,7 @@ PAPER_POLICIES: dict[str, str] = {
     "sjf": "slogym.baselines.sjf",
     "sjf-oracle": "slogym.baselines.sjf",
     "las": "slogym.baselines.sjf",
+    "distserve": "slogym.baselines.distserve",
     **{name: "slogym.baselines.tempo" for name in
        ("tempo", "tempo-precise", "tempo-sjf", "tempo-no-graph", "tempo-no-predictor")},
     **{name: "slogym.baselines.slos_serve" for name in
@@ -64,6 +65,7 @@ REFERENCE_ONLY = {"sa-exhaustive"}
 POLICY_DESCRIPTIONS: dict[str, str] = {
     "vllm": "vLLM FCFS, prefill-first, whole prompts (Kwon et al. 2023)",
     "sarathi": "Sarathi-Serve chunked prefill, decode-first token budget (Agrawal et al. 2024)",
+    "distserve": "DistServe prefill/decode disaggregation, static P:D ratio, FCFS per pool (Zhong et al. 2024)",
     "edf": "earliest deadline first on SLO deadline lines, token budget",
     "sa": "simulated-annealing SLO-aware priority + batch sizes, memory round-robin (Huang et al. 2025)",
     "sa-exhaustive": "exhaustive-search reference of the SA scheduler (small N only)",
