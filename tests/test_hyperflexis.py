@@ -351,3 +351,15 @@ def test_scaling_env_expert_is_the_threshold_scaler():
         _, _, done, _, info = env.step(a)
     assert set(actions) <= {-1, 0, 1} and 1 in actions, "3x load on 2 workers must make the scaler add workers"
     assert len(env.sim.instances) > 2 and sum(info["summary"]["outcomes"].values()) == len(env.sim.w)
+
+
+def test_pd_decode_worker_recomputes_preempted_requests():
+    # long prompts and outputs overfill the decode workers' KV: the migrator's admissions get preempted and must
+    # recompute on their decode worker (this livelocked when a preempted request was given one token at a time)
+    w = Workload.two_stage(np.linspace(0, 3, 300), 3000, 3000, ttft=5, tpot=0.2)
+    sim = Simulator(w, ENGINE, make_policy("hyperflexis-pd", engine=ENGINE), n_instances=2).run()
+    assert int(sim.rs.n_preempt.sum()) > 0          # the scenario does exercise decode-side preemption
+    rec = sim.result().records
+    assert len(rec) == len(w) and (rec["outcome"] != "dropped").all()
+    dec = [i.id for i in sim.instances if i.role == Role.DECODE]
+    assert all(sim.instances[i].free_blocks == sim.instances[i].total_blocks for i in dec)

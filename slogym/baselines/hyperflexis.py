@@ -601,7 +601,7 @@ class HyperFlexisScheduler(Scheduler):
         st = self.state
         st.track_workers(now)
         if inst.role == Role.DECODE:
-            return self._decode_iteration(inst, dec, now)
+            return self._decode_iteration(inst, dec, pre, now)
         mature = now >= st.maturity[inst.id]
         if (inst.waiting or pre.size) and mature:
             batch = self._dispatch(inst, dec, pre, now)
@@ -656,33 +656,44 @@ class HyperFlexisScheduler(Scheduler):
         st.workers.update(inst.id, st.shadow_maturity(inst, now, -float(tokens.sum())))
         return batch
 
-    def _decode_iteration(self, inst: Instance, dec: np.ndarray, now: float) -> Batch | None:
-        """One D-stage iteration: the running decodes plus migrated requests admitted under the TPOT budget."""
+    def _decode_iteration(self, inst: Instance, dec: np.ndarray, pre: np.ndarray, now: float) -> Batch | None:
+        """One D-stage iteration: the running decodes plus migrated requests admitted under the TPOT budget.
+
+        A request preempted here lost its KV and can only resume on this worker: it recomputes its whole context
+        in one chunk as soon as its KV fits (vLLM's recompute; the paper's migrator does not preempt, so this path
+        only runs under KV pressure). Its cost is not in the TPOT check -- without it the request would starve.
+        """
         st, rs = self.state, inst.sim.rs
         key = st.sort_key
         keep, victims, free = make_room_for_decodes(inst, dec, key) if dec.size else (dec, [], inst.free_blocks)
         reqs = keep.tolist()
+        toks = [1] * len(reqs)
         model = st.model(inst)
         ctx = float((rs.num_computed[keep] + 1).sum())
         tpot = float(st.tpot[keep].min()) if keep.size else INF
-        for r in sorted(inst.waiting, key=key) if not victims else ():
+        for r in pre.tolist() + sorted(inst.waiting, key=key) if not victims else ():
             if len(reqs) >= self.max_num_seqs:
                 break
-            need = int(inst.blocks_needed([r], 1)[0])
-            t = min(tpot, float(st.tpot[r]))
-            step = model.decode_time(len(reqs) + 1, ctx + float(rs.num_computed[r]) + 1)
-            if need > free or (reqs and step > t):
+            left = int(rs.num_tokens[r] - rs.num_computed[r])
+            need = int(inst.blocks_needed([r], left)[0])
+            if need > free:
                 continue
+            if left == 1:  # a migrated request's first decode step: only within every member's TPOT
+                t = min(tpot, float(st.tpot[r]))
+                step = model.decode_time(len(reqs) + 1, ctx + float(rs.num_computed[r]) + 1)
+                if reqs and step > t:
+                    continue
+                ctx += float(rs.num_computed[r]) + 1
+                tpot = t
             reqs.append(r)
+            toks.append(left)
             free -= need
-            ctx += float(rs.num_computed[r]) + 1
-            tpot = t
         if not reqs:
             return unstick(inst, key) if not victims else batch_of([], [], victims)
         step = model.decode_time(len(reqs), ctx)
         st.decoders.update(inst.id, now + step)
-        all_running = len(reqs) == keep.size and not inst.waiting
-        return batch_of(reqs, np.ones(len(reqs), np.int64), victims, steady=all_running and not victims)
+        all_running = len(reqs) == keep.size and not inst.waiting and not pre.size
+        return batch_of(reqs, toks, victims, steady=all_running and not victims)
 
 
 def split_pd(sim: "Simulator", prefill_fraction: float) -> None:
