@@ -106,7 +106,8 @@ class Simulator:
         self.sg_alpha = float(sg_alpha)
         self.spec_acceptance = spec_acceptance
         # a backend timing iterations itself cannot be fast-forwarded through the vectorized perf model
-        self.fast_forward = fast_forward and not self.live and type(self).iteration_time is Simulator.iteration_time
+        self._timed_here = not self.live and type(self).iteration_time is Simulator.iteration_time
+        self.fast_forward = fast_forward and self._timed_here
         self.validate = validate
         self.progress = progress
         engines = list(engine) if isinstance(engine, (list, tuple)) else [engine] * n_instances
@@ -489,7 +490,12 @@ class Simulator:
                     if self._ff_fit_kv(inst, idx, tok, nc, 1) < 1:
                         continue  # the next step needs KV that is not free: the scheduler decides
             f, need, total = self._prepare_iteration(inst, idx, tok, nc, rem, rows[:, I_KV], spec)
-            dt = (yield ("time", inst, f)) if self.defer_timing else self.iteration_time(inst, idx, tok, spec, f)
+            if self.defer_timing:
+                dt = yield ("time", inst, f)
+            elif self._timed_here:
+                dt = inst.time_one(f)  # the default iteration_time, without the call
+            else:
+                dt = self.iteration_time(inst, idx, tok, spec, f)
             self._launch(inst, idx, tok, spec, need, total, float(dt), f, t)
             return
 
@@ -803,7 +809,7 @@ class Simulator:
         caught = rows[:, I_NC] == rows[:, I_NT]
         emit = idx if caught.all() else idx[caught]
         transitions: list[int] = []
-        prefilled: list[int] = []
+        prefilled: list[int] | tuple = ()
         if emit.size:
             kinds = self._skind[rs.stage[emit]]
             is_dec = kinds == _DECODE
