@@ -62,6 +62,13 @@ PAPER_POLICIES: dict[str, str] = {
 REFERENCE_ONLY = {"sa-exhaustive"}
 """Reference implementations for tests and reproduction at small sizes; not leaderboard entries."""
 
+MIN_INSTANCES: dict[str, int] = {
+    "distserve": 2, "rr-pd": 2, "hyperflexis-pd": 2, "hyperflexis-pd-scaling": 2,
+    **{name: 2 for name in PAPER_POLICIES if name.startswith("polyserve-")},
+}
+"""Cluster-level policies (P/D disaggregation, tier pools) and the replicas they need to be themselves; on fewer
+they run their documented colocated fallback. The leaderboard runs them on a cluster."""
+
 POLICY_DESCRIPTIONS: dict[str, str] = {
     "vllm": "vLLM FCFS, prefill-first, whole prompts (Kwon et al. 2023)",
     "sarathi": "Sarathi-Serve chunked prefill, decode-first token budget (Agrawal et al. 2024)",

@@ -11,7 +11,7 @@ QUICK_SCENARIOS = ["chatbot", "coder", "mixed", "tempo-mix"]
 """The ``--quick`` board's scenarios (one of each workload shape; the full board runs every preset)."""
 
 
-QUICK_POLICIES = ["vllm", "sarathi", "edf", "sa", "sjf", "autellix", "tempo"]
+QUICK_POLICIES = ["vllm", "sarathi", "edf", "sa", "sjf", "autellix", "tempo", "slos-serve", "hyperflexis"]
 """The ``--quick`` board's policies: one per family (the full board adds oracles, ablations and variants)."""
 
 

@@ -68,6 +68,20 @@ def agent_setting(policy: str) -> dict[str, Any] | None:
     return {"scenario": kw["scenario"], "n_instances": int(kw.get("n_instances", 1))}
 
 
+CLUSTER_SIZE = 4
+"""Replicas for policies that need a cluster (P/D disaggregation, tier pools): capacity is for the whole cluster."""
+
+
+def replicas(policy: str) -> int:
+    """Cluster size a policy runs on: an agent's training size, ``CLUSTER_SIZE`` for cluster-only baselines, else 1."""
+    from slogym.baselines import MIN_INSTANCES
+
+    setting = agent_setting(policy)
+    if setting is not None:
+        return setting["n_instances"]
+    return CLUSTER_SIZE if policy in MIN_INSTANCES else 1
+
+
 def _runs_on(policy: str, scenario: str) -> bool:
     setting = agent_setting(policy)
     return setting is None or setting["scenario"] == scenario
@@ -75,7 +89,7 @@ def _runs_on(policy: str, scenario: str) -> bool:
 
 def _specs(cfg: BoardConfig, policy: str, scenario: str, rate: float) -> list[RunSpec]:
     n = min(max(cfg.n_requests, int(np.ceil(rate * cfg.min_duration))), max(cfg.max_requests, cfg.n_requests))
-    inst = (agent_setting(policy) or {}).get("n_instances", 1)
+    inst = replicas(policy)
     return [RunSpec(policy, scenario, float(rate), s, n, cfg.engine, n_instances=inst, trace=cfg.trace,
                     attainment=cfg.attainment) for s in cfg.seeds]
 
@@ -107,10 +121,10 @@ def run_board(cfg: BoardConfig, runner: Runner) -> tuple[pd.DataFrame, pd.DataFr
 
 def _bold_best(table: pd.DataFrame, higher: bool = True, fmt: str = "{:.2f}") -> pd.DataFrame:
     out = table.copy().astype(object)
-    single = [(agent_setting(str(p)) or {}).get("n_instances", 1) == 1 for p in table.index]
+    single = [replicas(str(p)) == 1 for p in table.index]
     for col in table.columns:
         vals = table[col].astype(float)
-        ranked = vals[single] if any(single) else vals  # multi-replica agents are not compared per instance
+        ranked = vals[single] if any(single) else vals  # multi-replica rows are not compared with one replica
         best = ranked.max() if higher else ranked.min()
         out[col] = ["n/a" if not np.isfinite(v) else ("**" + fmt.format(v) + "**") if v == best and one
                     else fmt.format(v) for v, one in zip(vals, single)]
@@ -118,8 +132,8 @@ def _bold_best(table: pd.DataFrame, higher: bool = True, fmt: str = "{:.2f}") ->
 
 
 def _label(policy: str) -> str:
-    """Row label; agents trained on several replicas say so (their capacity is for the whole cluster)."""
-    n = (agent_setting(policy) or {}).get("n_instances", 1)
+    """Row label; policies run on several replicas say so (their capacity is for the whole cluster)."""
+    n = replicas(policy)
     return f"{policy} ({n} replicas)" if n > 1 else policy
 
 
@@ -143,7 +157,8 @@ def markdown(df: pd.DataFrame, capacity: pd.DataFrame, cfg: BoardConfig, meta: d
         f"{meta['wall_seconds']:.0f} s.",
         f"## Serving capacity (req/s with >= {cfg.threshold:.0%} attainment; higher is better)",
         "Bisection over the arrival rate starting at each scenario's default rate; attainment averaged over seeds. "
-        "Learned agents (`agent:<name>`) run only on the scenario and cluster size they were trained for.",
+        "Learned agents (`agent:<name>`) run only on the scenario and cluster size they were trained for; "
+        f"cluster-only baselines (P/D, tier pools) on {CLUSTER_SIZE} replicas. Bold marks the best one-replica row.",
         _md(_bold_best(cap)),
     ]
     for metric, title, fmt in (("attainment", "Attainment at the default rate", "{:.3f}"),
