@@ -190,3 +190,18 @@ def test_render_modes():
         env.step(env.unwrapped.expert_action())
         img = env.render()
     assert img.ndim == 3 and img.shape[2] == 3 and img.dtype == np.uint8 and img.std() > 0
+
+
+def test_routing_masks_decode_instances_on_a_pd_cluster():
+    env = gym.make("slogym/Routing-v0", pd=(1, 2), policy="round-robin", **SMALL).unwrapped
+    env.reset(seed=0)
+    assert env.action_space.n == 4 and env.action_masks().tolist() == [True, False, False, True]
+    with pytest.raises(ValueError, match="decode instance"):
+        env.step(2)
+    env.reset(seed=0)
+    done, n = False, 0
+    while not done:   # random masked actions run the P/D cluster to the end
+        a = int(env.np_random.choice(np.flatnonzero(env.action_masks())))
+        _, _, term, trunc, info = env.step(a)
+        done, n = term or trunc, n + 1
+    assert n > 0 and info["summary"]["kv_transfers"] > 0

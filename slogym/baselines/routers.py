@@ -1,33 +1,39 @@
-"""Baseline routers: round-robin, seeded random, least-load. They admit everything."""
+"""Baseline routers: round-robin, seeded random, least-load. They admit everything.
+
+They choose among the instances that take new requests (ACTIVE, colocated or prefill role), so they work under
+P/D disaggregation and scaling; on a static colocated cluster that is every instance, in index order. With none
+accepting (all still starting) they DEFER: the simulator offers the request again when an instance becomes ready.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-from slogym.core.policy import Router
+from slogym.core.instance import ENTRY_ROLES
+from slogym.core.policy import DEFER, Router, SingleOrRoundRobin
 from slogym.core.simulator import Simulator
 
 
-class RoundRobinRouter(Router):
-    """Requests go to instances in turn."""
+def entry_instances(sim: Simulator) -> list[int]:
+    """Instances that accept newly arriving requests."""
+    return sim.accepting_instances(ENTRY_ROLES)
 
-    def reset(self, sim: Simulator) -> None:
-        self._next = 0
 
-    def route(self, req: int, sim: Simulator, now: float) -> int:
-        i = self._next % len(sim.instances)
-        self._next += 1
-        return i
+class RoundRobinRouter(SingleOrRoundRobin):
+    """Requests go to the accepting entry instances in turn (the core's default router, by its baseline name)."""
 
 
 class RandomRouter(Router):
     """Uniformly random instance, from a generator seeded by the run's seed."""
 
+    pd_aware = True
+
     def reset(self, sim: Simulator) -> None:
         self._rng = np.random.default_rng(sim.seed + 7919)
 
     def route(self, req: int, sim: Simulator, now: float) -> int:
-        return int(self._rng.integers(len(sim.instances)))
+        cands = entry_instances(sim)
+        return cands[int(self._rng.integers(len(cands)))] if cands else DEFER
 
 
 def outstanding_tokens(sim: Simulator) -> np.ndarray:
@@ -44,5 +50,10 @@ def outstanding_tokens(sim: Simulator) -> np.ndarray:
 class LeastLoadRouter(Router):
     """The instance with the fewest outstanding tokens (ties: lowest index)."""
 
+    pd_aware = True
+
     def route(self, req: int, sim: Simulator, now: float) -> int:
-        return int(np.argmin(outstanding_tokens(sim)))
+        cands = entry_instances(sim)
+        if not cands:
+            return DEFER
+        return cands[int(np.argmin(outstanding_tokens(sim)[cands]))]

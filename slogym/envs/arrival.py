@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
+from slogym.core.instance import ENTRY_ROLES
 from slogym.core.policy import BEST_EFFORT, DEFER, REJECT
 from slogym.core.simulator import Simulator
 from slogym.envs.base import ServingEnv
@@ -108,7 +109,8 @@ class RoutingEnv(ArrivalEnv):
 
     Action ``Discrete(n_instances + 1)``: ``i < n_instances`` places the request on instance ``i``;
     ``n_instances`` defers it to the cluster's global queue (it is offered again, as a new step, whenever a
-    request finishes). ``action_masks()`` excludes instances that can never hold the request.
+    request finishes). ``action_masks()`` excludes instances that can never hold the request and, on a P/D
+    cluster (``pd=``), the decode instances (they receive requests only by KV transfer).
     Baselines expressible (``expert_action()``): round-robin, random, least-load (the ``policy=`` names of
     the same routers), and later PolyServe, SLOs-Serve sequential routing, HyperFlexis' dispatcher.
     """
@@ -118,7 +120,9 @@ class RoutingEnv(ArrivalEnv):
         self.action_space = spaces.Discrete(self.n_instances + 1)
 
     def action_masks(self) -> np.ndarray:
-        return np.append(self._fits(self._msg[1]), True)
+        entry = np.zeros(len(self.sim.instances), bool)
+        entry[self.sim.accepting_instances(ENTRY_ROLES)] = True
+        return np.append(self._fits(self._msg[1]) & entry, True)
 
     def expert_action(self) -> int:
         """The ``policy`` router's placement for the current request (defer for anything else)."""
@@ -130,5 +134,5 @@ class RoutingEnv(ArrivalEnv):
         a = self._check(action)
         if not self.action_masks()[a]:
             raise ValueError(f"action {a} is masked out for request {self._msg[1]}: instance {a} can never "
-                             f"hold it")
+                             f"hold it or does not take new requests (a decode instance)")
         return DEFER if a == self.n_instances else a
