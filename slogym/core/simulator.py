@@ -1072,7 +1072,18 @@ class Simulator:
         rs.status[r] = Status.WAITING
         rs.slot[r] = inst.id
         inst.waiting.insert(0, r)
+        self._kv_holders_first(inst)
         self.on_request_placed(r, inst)
+
+    def _kv_holders_first(self, inst: Instance) -> None:
+        """Waiting requests that still hold KV (back from a tool call) move, in order, ahead of the preempted
+        ones: a victim may need exactly that KV, and FCFS schedulers stop at the first request that does not
+        fit and preempt only running requests, so a victim in front of them would be preempted again each
+        iteration forever (a livelock once nothing else frees KV, e.g. on a draining instance)."""
+        held = self.rs.kv_blocks[inst.waiting] > 0
+        if held.any() and not held[:held.sum()].all():
+            inst.waiting[:] = [x for x, h in zip(inst.waiting, held) if h] + \
+                              [x for x, h in zip(inst.waiting, held) if not h]
 
     def _drop(self, r: int, reason: str, t: float) -> _Gen:
         self.dropped_reasons[reason] = self.dropped_reasons.get(reason, 0) + 1
