@@ -16,7 +16,7 @@ from helpers import FF_FIELDS, assert_runs_equal
 from slogym.baselines import make_policy
 from slogym.baselines.hyperflexis import (POLICIES, LatencyModel, SLOMapper, WorkerQueue, maturity_interval,
                                           token_budget, ttft_probability)
-from slogym.core.cluster import cold_start_seconds, model_params_b
+from slogym.core.cluster import KVTransfer, cold_start_seconds, model_params_b
 from slogym.core.instance import InstanceState, Role
 from slogym.core.policy import REJECT
 from slogym.core.request import Request, Workload, decode, prefill
@@ -275,7 +275,8 @@ def test_pd_split_and_migrator_respects_the_tpot_budget():
     so the Migrator sends the new request to the later-maturing one."""
     eng = ToyEngine(a=0.004, b=2e-4, c=3e-6, kv_capacity_tokens=200000)
     reqs = [Request(0.0, [prefill(100, 5.0), decode(50, 0.0045)]), Request(0.0, [prefill(100, 5.0), decode(50, 1.0)])]
-    sim = Simulator(Workload.from_requests(reqs), eng, POLICIES["hyperflexis-pd"](eng), 4, seed=0)
+    sim = Simulator(Workload.from_requests(reqs), eng, POLICIES["hyperflexis-pd"](eng), 4, seed=0,
+                    transfer=KVTransfer(bytes_per_token=65536.0))   # the toy engine has no model config
     sim.policy.reset(sim)
     assert [i.role for i in sim.instances] == [Role.PREFILL, Role.PREFILL, Role.DECODE, Role.DECODE]
     st_, router = sim.policy.scheduler.state, sim.policy.router

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from slogym.core.batch import Batch
 from slogym.core.instance import Instance
 from slogym.core.policy import Scheduler
+
+if TYPE_CHECKING:
+    from slogym.core.simulator import Simulator
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -150,3 +153,13 @@ def batch_of(reqs: np.ndarray | list[int], tokens: np.ndarray | list[int], preem
              steady: bool = False) -> Batch:
     return Batch(req=np.asarray(reqs, dtype=np.int64), tokens=np.asarray(tokens, dtype=np.int64),
                  preempt=tuple(preempt), steady=steady)
+
+
+def kv_transfer_known(sim: "Simulator") -> bool:
+    """Whether the cluster's KV-transfer model knows the engine's KV bytes per token (a P/D split needs it;
+    policies that split a colocated cluster themselves stay colocated otherwise, as documented)."""
+    try:
+        sim.transfer.bytes_for(sim.engines[0])
+    except ValueError:
+        return False
+    return True

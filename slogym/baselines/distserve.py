@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from slogym.baselines.common import batch_of, make_room_for_decodes, split_running
+from slogym.baselines.common import batch_of, kv_transfer_known, make_room_for_decodes, split_running
 from slogym.baselines.vllm import VLLMScheduler
 from slogym.core.batch import Batch, BatchFeatures
 from slogym.core.cluster import KVTransfer
@@ -114,14 +114,6 @@ def pd_split_for(w: Workload, engine: Any, n: int) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------------------------------------- policy
-def _kv_size_known(sim: Simulator) -> bool:
-    try:
-        sim.transfer.bytes_for(sim.engines[0])
-    except ValueError:
-        return False
-    return True
-
-
 class DistServeRouter(Router):
     """Shortest-queue dispatch over prefill instances; KV to the least-loaded decode instance (the default
     ``route_decode``). At reset it splits a colocated cluster of n >= 2 instances into ``pd`` (or the
@@ -135,7 +127,7 @@ class DistServeRouter(Router):
 
     def reset(self, sim: Simulator) -> None:
         n = len(sim.instances)
-        if sim.pd is not None or n < 2 or not _kv_size_known(sim):
+        if sim.pd is not None or n < 2 or not kv_transfer_known(sim):
             return
         p, d = self.pd if self.pd is not None else pd_split_for(sim.w, sim.engines[0], n)
         if p + d != n or p < 1 or d < 1:

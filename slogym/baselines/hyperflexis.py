@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from slogym.baselines.common import batch_of, make_room_for_decodes, split_running, unstick
+from slogym.baselines.common import batch_of, kv_transfer_known, make_room_for_decodes, split_running, unstick
 from slogym.core.batch import Batch, BatchFeatures
 from slogym.core.errors import SchedulerError
 from slogym.core.instance import Instance, InstanceState, Role
@@ -697,9 +697,10 @@ class HyperFlexisScheduler(Scheduler):
 
 
 def split_pd(sim: "Simulator", prefill_fraction: float) -> None:
-    """Make an all-colocated cluster P/D through the cluster API (instances are empty at reset)."""
+    """Make an all-colocated cluster P/D through the cluster API (instances are empty at reset); a single
+    instance, or an engine whose KV bytes per token are unknown (no transfer model), stays colocated."""
     insts = sim.instances
-    if len(insts) < 2 or any(i.role != Role.COLOCATED for i in insts):
+    if len(insts) < 2 or any(i.role != Role.COLOCATED for i in insts) or not kv_transfer_known(sim):
         return
     n_p = min(max(math.ceil(prefill_fraction * len(insts)), 1), len(insts) - 1)
     for i, inst in enumerate(insts):
