@@ -48,9 +48,7 @@ from __future__ import annotations
 
 import heapq
 import inspect
-import re
 from collections.abc import Callable, Generator
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -58,7 +56,8 @@ from gymnasium import spaces
 
 from slogym.baselines import make_policy
 from slogym.baselines.routers import outstanding_tokens
-from slogym.core.instance import Instance, InstanceState, Role
+from slogym.core.cluster import cold_start_of
+from slogym.core.instance import Instance, InstanceState
 from slogym.core.policy import Policy, Router, Scaler
 from slogym.core.simulator import Simulator
 from slogym.envs.base import CLIP, ServingEnv, _box
@@ -69,95 +68,13 @@ POOL_FEATURES = ("active", "starting", "draining", "utilization", "queue_tokens"
 ARRIVAL_EWMA = (1.0, 0.5, 0.1)
 """Weights of the per-interval arrival-rate EWMAs (1.0 = the last interval alone)."""
 
-#: HyperFlexis Table 2 (Qwen 7B, seconds): scaling time per weight-provisioning method; scaled by model size.
-_COLD_7B = {"d2d": 0.89, "cpu_offload": 2.73, "disk": 4.14}
-
-
-# ================================================================================ cluster lifecycle access
-def _model_params_b(engine: Any) -> float:
-    """Model size in billions of parameters from the preset's model name (``llama3-8b`` -> 8)."""
-    m = re.search(r"(\d+(?:\.\d+)?)b\b", str(engine.model).lower())
-    if m is None:
-        raise ValueError(f"cannot read a model size from engine model {engine.model!r}; give cold_start in seconds")
-    return float(m.group(1))
-
-
-def cold_start_of(engine: Any, cold_start: float | str) -> float:
-    """Seconds an instance of ``engine`` takes to start: ``cold_start`` seconds, or a HyperFlexis Table 2
-    method (``disk``, ``cpu_offload``, ``d2d``) through ``slogym.core.cluster.cold_start_seconds`` when present,
-    else the Qwen-7B figure scaled linearly by model size (Deviation: linear scaling is an assumption)."""
-    if not isinstance(cold_start, str):
-        s = float(cold_start)
-        if not (s >= 0 and np.isfinite(s)):
-            raise ValueError(f"cold_start={cold_start!r}; must be >= 0 seconds or one of {sorted(_COLD_7B)}")
-        return s
-    if cold_start not in _COLD_7B:
-        raise ValueError(f"cold_start={cold_start!r}; known methods: {sorted(_COLD_7B)}")
-    try:
-        from slogym.core.cluster import cold_start_seconds  # type: ignore[import-not-found]
-    except ImportError:
-        return _COLD_7B[cold_start] * _model_params_b(engine) / 7.0
-    return float(cold_start_seconds(_model_params_b(engine), cold_start))
-
-
-class _Lifecycle:
-    """Prototype of the cluster lifecycle contract (/work/coord/CLUSTER_API.md), mixed into the simulator only
-    while ``Simulator.add_instance`` does not exist. Deviation: a draining instance emptied inside a decode
-    fast-forward stops at the next scaler tick (cost over-counted by less than one interval)."""
-
-    def add_instance(self, engine: Any = None, role: Role = Role.COLOCATED, cold_start: float | str = 0.0,
-                     pool: int = 0) -> int:
-        eng = self.engines[0] if engine is None else engine
-        inst = Instance(len(self.instances), eng, self, role)
-        inst.state = InstanceState.STARTING
-        inst.pool, inst.started_at = pool, self.now
-        inst.ready_at = self.now + cold_start_of(eng, cold_start)
-        self.instances.append(inst)
-        self.engines.append(eng)
-        self.add_timer(inst.ready_at, partial(_activate, inst.id))
-        return inst.id
-
-    def drain_instance(self, i: int) -> None:
-        inst = self.instances[i]
-        if inst.state in (InstanceState.DRAINING, InstanceState.STOPPED):
-            raise ValueError(f"instance {i} is {inst.state.name}; cannot drain it")
-        inst.state = InstanceState.DRAINING
-        self._stop_if_drained(inst, self.now)
-
-    def set_pool(self, i: int, pool: int) -> None:
-        self.instances[i].pool = pool
-
-    def accepting_instances(self, role: Role | None = None, pool: int | None = None) -> list[int]:
-        return [i.id for i in self.instances if i.state == InstanceState.ACTIVE
-                and (role is None or i.role == role) and (pool is None or getattr(i, "pool", 0) == pool)]
-
-    def _stop_if_drained(self, inst: Instance, t: float) -> None:
-        if inst.state == InstanceState.DRAINING and not inst.n_resident and not inst.busy:
-            inst.state = InstanceState.STOPPED
-            inst.stopped_at = t
-
-    def _on_iteration_done(self, inst: Instance, t: float) -> Generator:
-        yield from super()._on_iteration_done(inst, t)
-        self._stop_if_drained(inst, t)
-
-    def _scaler_tick(self, sim: Simulator, t: float) -> Any:
-        for inst in self.instances:
-            self._stop_if_drained(inst, t)
-        return super()._scaler_tick(sim, t)  # a generator where the core's ticks are generators
-
-
-def _activate(i: int, sim: Simulator, t: float) -> None:
-    inst = sim.instances[i]
-    if inst.state == InstanceState.STARTING:  # a start cancelled by a drain stays stopped
-        inst.state = InstanceState.ACTIVE
-
-
+# ================================================================================ generator scaler ticks
 _TICK = -1
 """Payload of the release event that re-enters the event loop as a generator for a scaler tick."""
 
 
 class _GeneratorTicks:
-    """Prototype of the "Scaling-v0 needs" change (CLUSTER_API.md): a Scaler whose ``decide`` is a generator
+    """Generator scaler ticks (until the core supports them): a Scaler whose ``decide`` is a generator
     yields its decision through :meth:`Simulator.decisions`. Mixed in only while the core lacks it. The core
     calls timer callbacks as plain functions, so the tick re-enters the loop as a *release* event with the
     payload ``_TICK`` (release events run through the generator ``_begin``) at the same time."""
@@ -180,15 +97,13 @@ class _GeneratorTicks:
             self.add_timer(t + scaler.interval, self._scaler_tick)
 
 
-_MIXINS = tuple(m for m, native in ((_Lifecycle, hasattr(Simulator, "add_instance")),
-                                    (_GeneratorTicks, inspect.isgeneratorfunction(Simulator._scaler_tick)))
-                if not native)
+_MIXINS = () if inspect.isgeneratorfunction(Simulator._scaler_tick) else (_GeneratorTicks,)
 _PROTOTYPES: dict[type, type] = {}
 
 
 def ensure_cluster_api(sim: Simulator) -> None:
-    """Give ``sim`` the lifecycle API and generator scaler ticks (a prototype subclass while the core lacks
-    them; a no-op once it has both). Called from the scaler's ``reset``, before the event loop starts."""
+    """Give ``sim`` generator scaler ticks (a prototype subclass while the core lacks them; a no-op once it has
+    them). Called from the scaler's ``reset``, before the event loop starts."""
     if not _MIXINS or any(isinstance(sim, m) for m in _MIXINS):
         return
     cls = type(sim)
