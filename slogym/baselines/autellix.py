@@ -37,6 +37,9 @@ from slogym.core.policy import Policy
 from slogym.core.state import Status
 
 
+_RUNNING = int(Status.RUNNING)
+
+
 def _ns(t: float) -> int:
     return int(round(t * 1e9))
 
@@ -68,14 +71,20 @@ class AutellixScheduler(PriorityScheduler):
         self.segments: dict[int, dict[int, tuple[bool, int]]] = defaultdict(dict)  # inst -> r -> (running, since)
 
     def program_service(self, inst: Instance, reqs: np.ndarray) -> np.ndarray:
-        """Attained service (tokens) of each request's program, as seen from ``inst``."""
+        """Attained service (tokens) of each request's program, as seen from ``inst`` (one sum per program)."""
         rs = self.sim.rs
         service = rs.computed_total[reqs].copy()
-        for j, r in enumerate(reqs.tolist()):
-            m = self.members.get(int(self.program[r]))
-            if m is not None:
-                elsewhere = (rs.status[m] == Status.RUNNING) & (rs.slot[m] != inst.id)
-                service[j] = int(rs.computed_total[m[~elsewhere]].sum())
+        prog = self.program[reqs]
+        grouped = np.flatnonzero(prog >= len(self.sim.w))
+        if grouped.size:
+            progs, pos = np.unique(prog[grouped], return_inverse=True)
+            parts = [self.members[p] for p in progs.tolist()]
+            m = np.concatenate(parts)
+            owner = np.repeat(np.arange(progs.size), [x.size for x in parts])
+            here = (rs.status[m] != _RUNNING) | (rs.slot[m] == inst.id)
+            total = np.zeros(progs.size, dtype=service.dtype)
+            np.add.at(total, owner[here], rs.computed_total[m[here]])
+            service[grouped] = total[pos]
         return service
 
     def priorities(self, inst: Instance, reqs: np.ndarray, now: float) -> tuple[np.ndarray, np.ndarray]:

@@ -1,38 +1,47 @@
 """Tempo (Zhang et al. 2025): SLO-aware scheduling that maximizes service gain with imprecise request information.
 
-The whole algorithm (Alg. 1) as a slogym token-budget scheduler (iteration-level batching with chunked prefills,
-like Sarathi-Serve), ordered by Largest Service Density First instead of FCFS:
+The whole algorithm (Alg. 1) as a slogym scheduler on vLLM's chunked-prefill substrate (§5: Tempo is a policy
+engine inside vLLM "preserving chunked-prefill execution efficiency"): every running decode takes its token
+first, the token budget left goes to prefill chunks -- running (partial) prefills, then waiting requests -- and
+Largest Service Density First replaces FCFS in every ordering decision: admission, KV-forced eviction, switches.
 
 * **Request Analyzer (§4.1)** -- an output-length upper bound from a quantile regression forest, refreshed every
   ``refresh_tokens`` generated tokens (:mod:`slogym.workloads.qrf`); for collective requests, super-node DAG
   matching against history of the same application splits the end-to-end deadline into stage deadlines
   (:mod:`slogym.workloads.dag`).
-* **LSDF (§4.2, Eq. 4)** -- every candidate (running or waiting) gets ``density = projected gain / remaining
-  time budget``; candidates take tokens (one for a decode, a chunk for a prefill) in density order within the
-  token budget, the sequence limit and free KV.
-* **Cost-aware preemption (§4.2)** -- a running request is switched out for a waiting one only at a quantum
-  boundary (``quantum`` iterations after the previous switch on the instance) and only if the density gained over
-  the next quantum exceeds the service lost while the victim's KV is recomputed.
+* **LSDF (§4.2, Alg. 1 lines 6-12, Eq. 4)** -- every candidate (running or waiting) gets a service density;
+  prefill candidates take chunks in density order within the token budget, the sequence limit and free KV (a
+  candidate that does not fit is skipped, Alg. 1 line 9-10); running decodes that cannot all grow evict the
+  least dense running requests (vLLM's rule in LSDF order).
+* **Cost-aware preemption (§4.2)** -- the densest waiting request that lacks KV or a sequence slot switches out
+  less dense running requests only at a quantum boundary (``quantum`` iterations after the previous switch on
+  the instance) and only if the density gained over the next quantum exceeds the service lost while the
+  victims' KV is recomputed. Between switches the running set is never reordered: the quantum is what keeps
+  the batch stable (a running request is only paused by eviction, as in vLLM).
 * **Reserve and fairness (§4.3)** -- a ``reserve`` share of the token budget and of the sequence slots goes to
-  SLO-insensitive (best-effort) requests in FCFS order, backfilled by SLO requests when unused; the priority may
+  SLO-insensitive (best-effort) prefills in FCFS order, backfilled by SLO requests when unused; the priority may
   be blended as ``(1 - f) * density + f * fair`` with a least-attained-service-per-app fairness score.
 
 Reconstructed symbols (the text is ambiguous or the formula is lost), per request ``r`` at time ``now``:
 
 * ``U`` output-length upper bound (QRF quantile ``quantile``), ``R = max(U - generated, 1)`` tokens left;
   ``P`` prompt tokens still to (re)compute; ``tau`` the instance's last iteration time (the online token-speed
-  profile, §4.2 "token processing speed ... can be profiled"); remaining processing time
-  ``T = (ceil(P / token_budget) + R) * tau``. A collective request uses the max ``T`` over the live requests of
-  its stage (Alg. 1 line 17-18).
-* deadline ``D``: TTLT requests ``arrival + ttlt``; collective requests their stage deadline; latency-sensitive
-  requests the deadline-line time of their estimated last token ``t_ref + ttft + (k_last) * tpot``.
-* projected gain ``G``: Eq. 2 ``(w_i L_i + w_o (generated + R)) * f`` for TTLT / collective requests, the
-  not-yet-earned part of Eq. 3 ``(w_i L_i [if still in prefill] + w_o R) * f`` for latency-sensitive ones, with
-  ``f = min{1, ((D - t_ref) / (now + T - t_ref))^alpha}`` -- Eq. 4 prints the ratio inverted; we use the
-  decreasing form of Eq. 2.
-* remaining time budget (Eq. 4's ``Estimated_TTLT - processed_time``): ``B = max(D - now, T)`` -- the time the
-  request may take under its SLO, or the time it needs if that is longer; ``density = G / B``. Requests with
-  slack yield bandwidth ("just enough bandwidth", §4.2); hopeless ones decay through ``f``.
+  profile, §4.2 "token processing speed ... can be profiled"); remaining prefill time
+  ``T_p = ceil(P / token_budget) * tau``, remaining processing time ``T = T_p + R * tau``. A collective request
+  uses the max ``T`` over the live requests of its stage (Alg. 1 line 17-18).
+* one density term per SLO (Eq. 4 generalized): ``term(G, D, t_ref, T) = G * f / max(D - now, T)`` -- the
+  projected gain ``G * f`` with ``f = min{1, ((D - t_ref) / (now + T - t_ref))^alpha}`` (Eq. 2's decay of the
+  estimated metric ``now + T - t_ref`` against the SLO ``D - t_ref``; Eq. 4 prints the ratio inverted, which
+  would make a request *gain* from being late) over the remaining time budget. Alg. 1 line 16 writes the
+  budget ``Estimated_TTLT - processed_time``; with ``Estimated_TTLT`` the finish under just enough bandwidth,
+  ``max(SLO, elapsed + T)``, it is ``max(D - now, T)``: a request with slack yields bandwidth ("allocates just
+  enough bandwidth", §3), a hopeless one decays through ``f``.
+* throughput-intensive and collective requests (Eq. 2): one term, ``G = w_i L_i + w_o (generated + R)``,
+  ``D = arrival + ttlt`` (``t_ref`` arrival) or the stage deadline (``t_ref`` the stage's start).
+* latency-sensitive requests (Eq. 3, whose two sums have their own SLOs): the sum of a TTFT term
+  ``term(w_i L_prompt, ready + ttft, ready, T_p)`` while the prompt is being prefilled and a TBT term
+  ``term(w_o R, line(last token), ready, T)`` with ``line(k) = first-token deadline + k * tpot`` (the expected
+  output progression of §3.1).
 * switch test: ``(p_w - sum p_v) * quantum * tau > sum_v p_v * ceil(computed_v / token_budget) * tau``.
 
 Variants: ``tempo`` (QRF bound + DAG matching), ``tempo-precise`` (true lengths and true DAGs), ``tempo-sjf``
@@ -184,20 +193,30 @@ class TempoScheduler(TokenBudgetScheduler):
         self.stage_dl[sid] = dl
         return dl
 
+    def _stage_deadlines(self, sids: np.ndarray) -> np.ndarray:
+        """Deadlines of collective stages ``sids``, matching each stage once (cached in ``stage_dl``)."""
+        dl = self.stage_dl[sids]
+        missing = np.isnan(dl)
+        if missing.any():
+            for s in np.unique(sids[missing]).tolist():
+                self._stage_deadline(s)
+            dl = self.stage_dl[sids]
+        return dl
+
     # ------------------------------------------------------------------ LSDF (§4.2, Eq. 4)
-    def _remaining_time(self, idx: np.ndarray, tau: float) -> tuple[np.ndarray, np.ndarray]:
-        """(remaining output tokens ``R``, remaining processing time ``T``) of requests ``idx``."""
+    def _remaining_time(self, idx: np.ndarray, tau: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(remaining output tokens ``R``, remaining prefill time, remaining processing time ``T``) of ``idx``."""
         rs = self.rs
         rem = rs.num_tokens[idx] - rs.num_computed[idx]
-        prefill = np.where(rem > 1, rem, 0)
+        t_pre = -(-np.where(rem > 1, rem, 0) // self.token_budget) * tau
         r_out = np.maximum(self.upper_bound(idx) - rs.generated[idx], 1.0)
-        return r_out, (-(-prefill // self.token_budget) + r_out) * tau
+        return r_out, t_pre, t_pre + r_out * tau
 
     def priority(self, idx: np.ndarray, inst: Instance, now: float) -> np.ndarray:
         """Priority of candidates ``idx``: service density (or 1/T for SJF), blended with fairness."""
         w, rs = self.w, self.rs
         tau = max(inst.last_dt, 1e-4)
-        r_out, t_rem = self._remaining_time(idx, tau)
+        r_out, t_pre, t_rem = self._remaining_time(idx, tau)
         sid = self.sid[idx]
         coll = sid >= 0
         if self.order == "sjf":
@@ -209,10 +228,10 @@ class TempoScheduler(TokenBudgetScheduler):
                 owner = np.repeat(np.arange(sids.size), [self.members[s].size for s in sids.tolist()])
                 live = rs.status[m] != Status.DONE
                 stage_t = np.zeros(sids.size)
-                np.maximum.at(stage_t, owner[live], self._remaining_time(m[live], tau)[1])
-                t_rem = np.where(coll, 0.0, t_rem)
+                np.maximum.at(stage_t, owner[live], self._remaining_time(m[live], tau)[2])
+                t_rem = t_rem.copy()
                 t_rem[coll] = stage_t[pos]
-            p = self._density(idx, r_out, t_rem, sid, now)
+            p = self._density(idx, r_out, t_pre, t_rem, sid, now)
         if self.fairness > 0:
             top = p.max(initial=0.0)
             att = self.served[w.app[idx]]
@@ -220,33 +239,43 @@ class TempoScheduler(TokenBudgetScheduler):
             p = (1 - self.fairness) * (p / top if top > 0 else p) + self.fairness * fair
         return p
 
-    def _density(self, idx: np.ndarray, r_out: np.ndarray, t_rem: np.ndarray, sid: np.ndarray,
-                 now: float) -> np.ndarray:
+    def _term(self, gain: np.ndarray, dl: np.ndarray, t_ref: np.ndarray, t_need: np.ndarray,
+              now: float) -> np.ndarray:
+        """Density of one SLO term: projected gain ``gain * f`` over the remaining time budget (Eq. 4), with
+        ``f = min{1, ((dl - t_ref) / (now + t_need - t_ref))^alpha}`` (the estimated metric against its SLO) and
+        budget ``max(dl - now, t_need)``; 0 without a deadline."""
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            ratio = (dl - t_ref) / np.maximum(now + t_need - t_ref, 1e-9)
+            f = self.sim._decay(np.maximum(np.where(np.isfinite(dl), ratio, 1.0), 0.0))
+            budget = np.maximum(dl - now, np.maximum(t_need, 1e-9))
+            return np.where(np.isfinite(dl), gain * f / budget, 0.0)
+
+    def _density(self, idx: np.ndarray, r_out: np.ndarray, t_pre: np.ndarray, t_rem: np.ndarray,
+                 sid: np.ndarray, now: float) -> np.ndarray:
+        """Service density (Eq. 4) per SLO type: TTLT and collective requests one Eq. 2 term against their
+        (stage) deadline; latency-sensitive ones the two Eq. 3 terms -- the prompt against the TTFT deadline
+        while it is being prefilled, the remaining output against the deadline line of its last token."""
         w, rs = self.w, self.rs
         slo = self.slo[idx]
         stage = rs.stage[idx]
         in_decode = w.stage_kind[stage] == StageKind.DECODE
-        l_in = w.input_tokens[idx]
-        gen = rs.generated[idx]
+        gen, ready = rs.generated[idx], rs.ready[idx]
+        # throughput-intensive / collective (Eq. 2)
         ttlt_dl = w.arrival[idx] + w.ttlt[idx]
         coll = np.flatnonzero(sid >= 0)
         if coll.size:
-            ttlt_dl[coll] = [self._stage_deadline(s) for s in sid[coll].tolist()]
+            ttlt_dl[coll] = self._stage_deadlines(sid[coll])
+        t_ref = np.where(sid < 0, w.arrival[idx], ready)
+        ttlt = self._term(self.wi * w.input_tokens[idx] + self.wo * (gen + r_out), ttlt_dl, t_ref, t_rem, now)
+        # latency-sensitive (Eq. 3): TTFT term while prefilling, TBT term over the remaining output
+        ttft_dl = np.where(in_decode, np.inf, ready + w.stage_ttft[stage])
+        first = self._term(self.wi * w.stage_tokens[stage], ttft_dl, ready, t_pre, now)
         with np.errstate(invalid="ignore"):  # a TPOT of inf times a last-token index of 0: no line, inf
             line_dl = np.where(in_decode, rs.dl_base[idx] + (rs.gen_in_stage[idx] + r_out - 1) * rs.tpot[idx],
-                               rs.ready[idx] + w.stage_ttft[stage] + (r_out - 1) * w.min_tpot[idx])
+                               ready + w.stage_ttft[stage] + (r_out - 1) * w.min_tpot[idx])
         line_dl = np.where(np.isnan(line_dl), np.inf, line_dl)
-        is_ttlt = slo == _TTLT
-        dl = np.where(is_ttlt, ttlt_dl, line_dl)
-        t_ref = np.where(is_ttlt & (sid < 0), w.arrival[idx], rs.ready[idx])
-        gain = np.where(is_ttlt, self.wi * l_in + self.wo * (gen + r_out),
-                        self.wo * r_out + np.where(in_decode, 0.0, self.wi * l_in))
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            ratio = np.where(np.isfinite(dl), (dl - t_ref) / np.maximum(now + t_rem - t_ref, 1e-9), np.inf)
-            f = self.sim._decay(np.maximum(ratio, 0.0))
-            budget = np.maximum(dl - now, t_rem)
-            dens = np.where(np.isfinite(budget), gain * f / budget, 0.0)
-        return np.where(slo == _NONE, 0.0, dens)
+        tbt = self._term(self.wo * r_out, line_dl, ready, t_rem, now)
+        return np.select([slo == _TTLT, slo == _LINE], [ttlt, first + tbt], 0.0)
 
     # ------------------------------------------------------------------ Schedule (Alg. 1 lines 6-12)
     def next_batch(self, inst: Instance, now: float) -> Batch | None:
@@ -255,26 +284,34 @@ class TempoScheduler(TokenBudgetScheduler):
             return None
         rs = self.rs
         cands = np.array(inst.running + inst.waiting, dtype=np.int64)
-        prio = dict(zip(cands.tolist(), self.priority(cands, inst, now).tolist()))
+        p = self.priority(cands, inst, now)
+        prio = dict(zip(cands.tolist(), p.tolist()))
         victims: list[int] = []
-        if dec.size:
-            dec, victims, _ = make_room_for_decodes(inst, dec, lambda r: -prio[r])
-        free = inst.free_blocks + sum(int(rs.kv_blocks[v]) for v in victims)
-        insensitive = (self.slo[cands] == _NONE) | rs.be[cands]
-        slo_c = [r for r in cands[~insensitive][np.argsort(-np.array([prio[r] for r in cands[~insensitive]]),
-                                                            kind="stable")].tolist() if r not in victims]
-        switched = self._switch(inst, slo_c, prio, victims, free)
+        free = inst.free_blocks
+        if dec.size:  # running decodes must grow: evict the least dense (vLLM's rule, LSDF order)
+            dec, victims, free = make_room_for_decodes(inst, dec, lambda r: -prio[r])
+        ranked = [r for r in cands[np.argsort(-p, kind="stable")].tolist() if r not in victims]
+        insensitive = set(cands[(self.slo[cands] == _NONE) | rs.be[cands]].tolist())
+        switched, free = self._switch(inst, ranked, prio, insensitive, dec, free, len(victims))
         if switched:
-            free += sum(int(rs.kv_blocks[v]) for v in switched)
+            gone = set(switched)
+            dec = np.array([r for r in dec.tolist() if r not in gone], dtype=np.int64)
+            ranked = [r for r in ranked if r not in gone]
             victims += switched
-            slo_c = [r for r in slo_c if r not in switched]
-        be_c = [r for r in cands[insensitive].tolist() if r not in victims]
-        be_c.sort(key=lambda r: self.w.arrival[r])
-        res_tok = math.ceil(self.reserve * self.token_budget) if be_c else 0
-        res_seq = math.ceil(self.reserve * self.max_num_seqs) if be_c else 0
-        b = _Builder(inst, self.token_budget - res_tok, free, self.max_num_seqs - res_seq, cands)
+        # vLLM's chunked-prefill substrate: every running decode first, then prefill chunks -- running
+        # (partial) prefills before waiting requests, each in LSDF order; SLO-insensitive requests FCFS
+        is_dec = set(dec.tolist())
+        running = set(inst.running)
+        slo_pre = ([r for r in ranked if r in running and r not in is_dec and r not in insensitive]
+                   + [r for r in ranked if r not in running and r not in insensitive])
+        be_pre = sorted((r for r in ranked if r in insensitive and r not in is_dec),
+                        key=lambda r: (r not in running, self.w.arrival[r]))
+        res_tok = math.ceil(self.reserve * self.token_budget) if be_pre else 0
+        res_seq = math.ceil(self.reserve * self.max_num_seqs) if be_pre else 0
+        b = _Builder(inst, self.token_budget - dec.size - res_tok, free, self.max_num_seqs - dec.size - res_seq,
+                     np.array(slo_pre + be_pre, dtype=np.int64))
         taken: set[int] = set()
-        for group, release in ((slo_c, False), (be_c, True), (slo_c, False)):
+        for group, release in ((slo_pre, False), (be_pre, True), (slo_pre, False)):
             if release:  # the reserve opens to SLO-insensitive requests, FCFS; backfilled by SLO requests after
                 b.budget += res_tok
                 b.max_seqs += res_seq
@@ -283,46 +320,55 @@ class TempoScheduler(TokenBudgetScheduler):
                     break
                 if r not in taken and b.take(r):
                     taken.add(r)
-        if not b.reqs and not victims:
+        if not dec.size and not b.reqs and not victims:
             return unstick(inst, lambda r: -prio[r])
+        reqs = dec.tolist() + b.reqs
+        toks = [1] * dec.size + b.toks
         if self.fairness > 0:
-            np.add.at(self.served, self.w.app[b.reqs], b.toks)
+            np.add.at(self.served, self.w.app[reqs], toks)
         steady = (self.fairness == 0 and not victims and not inst.waiting and not pre.size
-                  and len(b.reqs) == len(inst.running) and all(t == 1 for t in b.toks))
-        return batch_of(b.reqs, b.toks, victims, steady=steady)
+                  and dec.size == len(inst.running))
+        return batch_of(reqs, toks, victims, steady=steady)
 
-    def _switch(self, inst: Instance, slo_c: list[int], prio: dict[int, float], victims: list[int],
-                free: int) -> list[int]:
-        """Cost-aware preemption (§4.2): at most one switch per quantum, for the densest waiting SLO request
-        whose next chunk does not fit in free KV, if the gain over a quantum beats the recompute stall loss."""
+    def _switch(self, inst: Instance, ranked: list[int], prio: dict[int, float], insensitive: set[int],
+                dec: np.ndarray, free: int, n_evicted: int) -> tuple[list[int], int]:
+        """Cost-aware preemption (§4.2): at most one switch per ``quantum`` iterations. The densest waiting SLO
+        request, if its first chunk lacks free KV or a sequence slot, evicts running requests of lower density
+        (least dense first) when the density gained over a quantum beats the service lost while the victims'
+        KV is recomputed. ``ranked`` are the candidates left after KV-forced evictions (``n_evicted`` of them);
+        returns the victims and the free KV blocks after the switch."""
         if inst.iterations - self.last_switch.get(inst.id, -self.quantum) < self.quantum:
-            return []
+            return [], free
         rs = self.rs
         waiting = set(inst.waiting)
-        top = next((r for r in slo_c if r in waiting), None)
+        top = next((r for r in ranked if r in waiting and r not in insensitive), None)
         if top is None:
-            return []
-        chunk = min(int(inst.remaining([top])[0]), self.token_budget)
+            return [], free
+        chunk = min(int(inst.remaining([top])[0]), max(self.token_budget - dec.size, 1))
         need = int(inst.blocks_needed([top], chunk)[0])
-        if need <= free:
-            return []
-        tau = max(inst.last_dt, 1e-4)
-        pool = sorted((r for r in inst.running if r not in victims and prio[r] < prio[top]), key=lambda r: prio[r])
+        seats = self.max_num_seqs - (len(inst.running) - n_evicted)
+        if need <= free and seats >= 1:
+            return [], free
+        growth = dict(zip(dec.tolist(), inst.blocks_needed(dec, 1).tolist()))  # reserved out of ``free``
+        pool = [r for r in reversed(ranked) if r not in waiting and prio[r] < prio[top]]  # least dense first
         chosen: list[int] = []
+        room = free
         for v in pool:
-            if free >= need:
+            if room >= need and seats >= 1:
                 break
             chosen.append(v)
-            free += int(rs.kv_blocks[v])
-        if free < need:
-            return []
+            room += int(rs.kv_blocks[v]) + growth.get(v, 0)
+            seats += 1
+        if room < need or seats < 1:
+            return [], free
+        tau = max(inst.last_dt, 1e-4)
         p_v = np.array([prio[v] for v in chosen])
         stall = -(-rs.num_computed[chosen] // self.token_budget) * tau
         if (prio[top] - p_v.sum()) * self.quantum * tau <= float((p_v * stall).sum()):
-            return []
+            return [], free
         self.last_switch[inst.id] = inst.iterations
         self.switches.append((inst.id, inst.iterations))
-        return chosen
+        return chosen, room
 
 
 class _Builder(BatchBuilder):
