@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from slogym.core import kernels
 from slogym.core.batch import Batch
 from slogym.core.instance import Instance
 from slogym.core.policy import Scheduler
+from slogym.core.state import I_KV, I_NC, I_NT
 
 if TYPE_CHECKING:
     from slogym.core.simulator import Simulator
@@ -21,8 +24,8 @@ def split_running(inst: Instance) -> tuple[np.ndarray, np.ndarray]:
     run = inst.running_array()
     if not run.size:
         return _EMPTY, _EMPTY
-    dec = inst.remaining(run) == 1
-    return (run, _EMPTY) if dec.all() else (run[dec], run[~dec])
+    dec, n = kernels.decode_ready(inst.sim.rs.I, run)
+    return (run, _EMPTY) if n == run.size else (run[dec], run[~dec])
 
 
 def make_room_for_decodes(inst: Instance, dec: np.ndarray, victim_key: Callable[[int], float],
@@ -30,11 +33,12 @@ def make_room_for_decodes(inst: Instance, dec: np.ndarray, victim_key: Callable[
     """Preempt (recompute) running requests, largest ``victim_key`` first, until every remaining decode
     in ``dec`` can grow by one token (vLLM's rule). Returns the surviving decodes, the victims, and the KV
     blocks still free once the survivors' growth is reserved."""
-    need = inst.blocks_needed(dec, 1)
-    total = int(need.sum())
+    rs = inst.sim.rs
+    dec = np.asarray(dec, dtype=np.int64)
+    total = kernels.decode_kv_growth(rs.I, dec, inst.block_size)
     if total <= inst.free_blocks:
         return dec, [], inst.free_blocks - total
-    rs = inst.sim.rs
+    need = inst.blocks_needed(dec, 1)
     free = inst.free_blocks
     victims: list[int] = []
     alive = {int(r): int(b) for r, b in zip(dec, need)}
@@ -50,7 +54,7 @@ def make_room_for_decodes(inst: Instance, dec: np.ndarray, victim_key: Callable[
     return keep, victims, free - total
 
 
-def fill_prefill_chunks(inst: Instance, candidates: list[int], budget: int, free_blocks: int,
+def fill_prefill_chunks(inst: Instance, candidates: Iterable[int], budget: int, free_blocks: int,
                         max_seqs: int, chunked: bool = True) -> tuple[list[int], list[int], int, bool]:
     """Give prefill chunks to ``candidates`` in order within a token ``budget``, KV and sequence limits.
 
@@ -66,12 +70,14 @@ def fill_prefill_chunks(inst: Instance, candidates: list[int], budget: int, free
     toks: list[int] = []
     used = 0
     repeatable = False
+    table = rs.I
     for r in candidates:
         if budget <= 0 or len(reqs) >= max_seqs:
             break
-        nc = int(rs.num_computed[r])
-        rem = int(rs.num_tokens[r]) - nc
-        held = int(rs.kv_blocks[r])
+        row = table[r]
+        nc = int(row[I_NC])
+        rem = int(row[I_NT]) - nc
+        held = int(row[I_KV])
         fits = (free_blocks - used + held) * bs - nc
         if chunked:
             chunk = min(rem, budget, fits)

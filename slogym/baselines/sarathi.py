@@ -11,6 +11,8 @@ Deviation: the best-effort flag is ignored (FCFS knows no tiers).
 
 from __future__ import annotations
 
+from itertools import chain
+
 import numpy as np
 
 from slogym.baselines.common import (TokenBudgetScheduler, batch_of, fill_prefill_chunks, make_room_for_decodes,
@@ -32,7 +34,8 @@ class SarathiScheduler(TokenBudgetScheduler):
             if victims:
                 pre = np.array([r for r in pre.tolist() if r not in victims], dtype=np.int64)
         budget = self.token_budget - dec.size
-        cands = pre.tolist() + [r for r in inst.waiting if r not in victims]
+        # lazily: the budget runs out after a few candidates, the waiting queue may be long
+        cands = chain(pre.tolist(), (r for r in inst.waiting if r not in victims) if victims else inst.waiting)
         reqs, toks, _, repeatable = fill_prefill_chunks(inst, cands, budget, free, self.max_num_seqs - dec.size)
         if not reqs:
             if not dec.size and not victims:

@@ -30,21 +30,25 @@ from typing import Any
 
 import numpy as np
 
+from slogym.core import kernels
 from slogym.core.batch import Batch, BatchFeatures
 from slogym.core.errors import SchedulerError
 from slogym.core.cluster import KVTransfer, cold_start_of
 from slogym.core.instance import Instance, InstanceState, Role
 from slogym.core.policy import BEST_EFFORT, DEFER, REJECT, Policy
 from slogym.core.request import StageKind, Workload
-from slogym.core.state import (F_DL, F_DSLO, F_FINAL, F_GAP, F_LAST, F_SG, F_TPOT, F_TSLACK, I_COMP, I_GEN,
-                               I_GEN_STAGE, I_KV, I_NC, I_NT, I_SLEN, I_SLOT, NO_TPOT, Outcome, RequestState,
-                               Status)
+from slogym.core.state import NO_TPOT, Outcome, RequestState, Status
 
 INF = math.inf
 _PREFILL, _DECODE, _EXTERNAL = int(StageKind.PREFILL), int(StageKind.DECODE), int(StageKind.EXTERNAL)
 _EXT_DONE, _RELEASE, _TIMER, _XFER_DONE, _READY = 0, 1, 2, 3, 4
-_WAITING, _RUNNING = int(Status.WAITING), int(Status.RUNNING)
+# plain ints of the enums the hot paths compare against (enum attribute lookups cost ~1 us each)
+_QUEUED, _WAITING, _RUNNING, _EXTERNAL, _DONE, _TRANSFER = (int(s) for s in (
+    Status.QUEUED, Status.WAITING, Status.RUNNING, Status.EXTERNAL, Status.DONE, Status.TRANSFER))
+_FINISHED, _BEST_EFFORT = int(Outcome.FINISHED), int(Outcome.BEST_EFFORT)
 _FF_MAX = 4096
+# fewer iterations to the next event than this are stepped: a bulk call costs about as much as ~4 steps
+FF_MIN_STRETCH = 4
 _Gen = Generator[tuple, Any, None]
 
 ATTAINMENT_MODES = ("strict", "dslo", "mean_tpot", "ttlt")
@@ -313,6 +317,10 @@ class Simulator:
         self.ff_iterations = 0
         self.wall_seconds = 0.0
         self._skind = w.stage_kind.astype(np.int64)
+        self._is_dec_stage = self._skind == _DECODE
+        # output buffers of the iteration-end kernel (a batch never exceeds the workload)
+        self._fin_buf = np.empty(len(w), np.int64)
+        self._pre_buf = np.empty(len(w), np.int64)
         # largest context a request reaches: all its prefill and decode tokens (KV kept across stages)
         tok = np.where(w.stage_kind != _EXTERNAL, w.stage_tokens, 0)
         c = np.concatenate(([0], np.cumsum(tok)))
@@ -435,7 +443,7 @@ class Simulator:
         rs = self.rs
         rs.instance[r] = inst.id
         rs.slot[r] = inst.id
-        rs.status[r] = Status.WAITING
+        rs.status[r] = _WAITING
         inst.waiting.append(r)
         self.on_request_placed(r, inst)
         if not inst.busy:
@@ -465,14 +473,11 @@ class Simulator:
                 return
             idx = np.asarray(batch.req, dtype=np.int64)
             tok = np.asarray(batch.tokens, dtype=np.int64)
-            rows = rs.I[idx]
-            nc = rows[:, I_NC]
-            rem = rows[:, I_NT] - nc
-            if self.validate:
-                self._check_batch(inst, idx, tok, rem, rows[:, I_SLOT], batch)
             spec = None if batch.spec is None else np.asarray(batch.spec, dtype=np.int64)
+            if self.validate:
+                self._check_batch(inst, idx, tok, spec)
             if batch.steady and self.fast_forward and spec is None and not side and not self.agent_schedule:
-                ff = yield from self._fast_forward(inst, idx, tok, nc, rem, t)
+                ff = yield from self._fast_forward(inst, idx, tok, t)
                 if ff is not None:
                     t, same = ff
                     if not same:
@@ -484,12 +489,9 @@ class Simulator:
                     if not idx.size:
                         inst.busy = False
                         return
-                    rows = rs.I[idx]
-                    nc = rows[:, I_NC]
-                    rem = rows[:, I_NT] - nc
-                    if self._ff_fit_kv(inst, idx, tok, nc, 1) < 1:
+                    if self._ff_fit_kv(inst, idx, tok, 1) < 1:
                         continue  # the next step needs KV that is not free: the scheduler decides
-            f, need, total = self._prepare_iteration(inst, idx, tok, nc, rem, rows[:, I_KV], spec)
+            f, need, total = self._prepare_iteration(inst, idx, tok, spec)
             if self.defer_timing:
                 dt = yield ("time", inst, f)
             elif self._timed_here:
@@ -507,64 +509,37 @@ class Simulator:
         for r in batch.drop:
             yield from self._drop(int(r), "scheduler", t)
 
-    def _check_batch(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, rem: np.ndarray,
-                     slot: np.ndarray, batch: Batch) -> None:
+    def _check_batch(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, spec: np.ndarray | None) -> None:
         rs = self.rs
         if idx.shape != tok.shape:
             raise SchedulerError(f"instance {inst.id}: batch.req has {idx.size} entries, tokens {tok.size}")
-        bad = slot != inst.id
-        if bad.any():
-            r = int(idx[bad.argmax()])
-            raise SchedulerError(f"instance {inst.id}: request {r} is not waiting or running here "
-                                 f"(status {Status(rs.status[r]).name}, instance {rs.instance[r]})")
-        bad = (tok < 1) | (tok > rem)
-        if bad.any():
-            j = int(bad.argmax())
-            raise SchedulerError(f"instance {inst.id}: request {idx[j]} scheduled {tok[j]} tokens; "
-                                 f"it has {rem[j]} left to compute (must be 1..{rem[j]})")
-        if idx.size > 1:
-            pos = np.arange(idx.size)
-            rs.scratch[idx] = pos  # with a duplicate the later write wins and the earlier position disagrees
-            if (rs.scratch[idx] != pos).any():
-                raise SchedulerError(f"instance {inst.id}: batch lists a request twice: {idx.tolist()}")
-        if batch.spec is not None:
-            spec = np.asarray(batch.spec)
-            decoding = (rem == 1) & (self._skind[rs.stage[idx]] == _DECODE)
+        code, j = kernels.check_batch(rs.I, idx, tok, inst.id, rs.scratch)
+        if code:
+            r = int(idx[j])
+            if code == 1:
+                raise SchedulerError(f"instance {inst.id}: request {r} is not waiting or running here "
+                                     f"(status {Status(rs.status[r]).name}, instance {rs.instance[r]})")
+            if code == 2:
+                rem = int(rs.num_tokens[r] - rs.num_computed[r])
+                raise SchedulerError(f"instance {inst.id}: request {r} scheduled {tok[j]} tokens; "
+                                     f"it has {rem} left to compute (must be 1..{rem})")
+            raise SchedulerError(f"instance {inst.id}: batch lists a request twice: {idx.tolist()}")
+        if spec is not None:
+            decoding = (rs.num_tokens[idx] - rs.num_computed[idx] == 1) & (self._skind[rs.stage[idx]] == _DECODE)
             if spec.shape != idx.shape or (spec < 0).any() or ((spec > 0) & ~decoding).any():
                 raise SchedulerError(f"instance {inst.id}: batch.spec must be >= 0 per request and only set "
                                      f"on decode steps; got {spec.tolist()}")
 
-    @staticmethod
-    def _features(tok: np.ndarray, nc: np.ndarray, rem: np.ndarray, kv_after: np.ndarray,
-                  spec: np.ndarray | None) -> BatchFeatures:
-        """Integer features of one batch (Python ints: the scalar perf-model path)."""
-        steps = 0 if spec is None or not spec.size else int(spec.max())
-        is_dec = rem == 1
-        if is_dec.all():
-            n = int(tok.size)
-            ctx = int(kv_after.sum())
-            return BatchFeatures(0, 0, 0, 0, n, n if spec is None else n + int(spec.sum()), ctx, ctx, steps)
-        pre = ~is_dec
-        pt, pp = tok[pre], nc[pre]
-        n_dec = int(is_dec.sum())
-        d_tok = n_dec if spec is None else n_dec + int(spec[is_dec].sum())
-        return BatchFeatures(int(pt.sum()), int(pt.size), int((pt * (pp + pt)).sum()), int((pt * pt).sum()),
-                             n_dec, d_tok, int(kv_after[is_dec].sum()), int(kv_after.sum()), steps)
-
-    def _prepare_iteration(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, nc: np.ndarray,
-                           rem: np.ndarray, kvb: np.ndarray, spec: np.ndarray | None,
+    def _prepare_iteration(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, spec: np.ndarray | None,
                            ) -> tuple[BatchFeatures, np.ndarray, int]:
-        """Features of the batch and the KV blocks it needs (checked against the free blocks)."""
-        bs = inst.block_size
-        kv_after = nc + tok if spec is None else nc + tok + spec
-        need = (kv_after + (bs - 1)) // bs - kvb
-        np.maximum(need, 0, out=need)
-        need += kvb  # blocks held after the iteration
-        total = int((need - kvb).sum())
+        """Features of the batch and the KV blocks each request holds after it (checked against free blocks)."""
+        blocks = np.empty(idx.size, np.int64)
+        *f, total = kernels.batch_features(self.rs.I, idx, tok, np.zeros(idx.size, np.int64) if spec is None
+                                           else spec, inst.block_size, blocks)
         if total > inst.free_blocks:
             raise SchedulerError(f"instance {inst.id}: batch needs {total} KV blocks, {inst.free_blocks} free "
                                  f"(requests {idx.tolist()})")
-        return self._features(tok, nc, rem, kv_after, spec), need, total
+        return BatchFeatures(*f), blocks, total
 
     def _launch(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, spec: np.ndarray | None,
                 blocks: np.ndarray, total: int, dt: float, f: BatchFeatures, t: float) -> None:
@@ -612,8 +587,8 @@ class Simulator:
             h = min(h, min((e[0] for e in self._iter if ins[e[2]].role == Role.PREFILL), default=INF))
         return h
 
-    def _fast_forward(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, nc0: np.ndarray,
-                      rem: np.ndarray, t: float) -> Generator[tuple, Any, tuple[float, bool] | None]:
+    def _fast_forward(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, t: float,
+                      ) -> Generator[tuple, Any, tuple[float, bool] | None]:
         """Apply, in bulk, the iterations of a steady batch that end before the horizon.
 
         A steady batch repeats with the same tokens per request: decode steps (one token each) and prefill
@@ -625,173 +600,75 @@ class Simulator:
         iteration away); otherwise the scheduler is asked again at ``t``.
         """
         horizon = self._ff_horizon()
-        if horizon - t < 2.0 * inst.last_dt:  # too close to the next event for two more iterations
+        if horizon - t < FF_MIN_STRETCH * inst.last_dt:  # too close to the next event: stepping is cheaper
             return None
         rs, w = self.rs, self.w
-        stage = rs.stage[idx]
-        in_dec = self._skind[stage] == _DECODE
-        is_dec = (rem == 1) & in_dec
-        if ((rem == 1) & ~in_dec).any():
-            return None  # a prefill's last token: its completion is an event
-        all_dec = bool(is_dec.all())
-        k_max = _FF_MAX
-        k_same = 0  # a stretch of exactly this length is followed by the same batch
-        if not all_dec:
-            pre = ~is_dec
-            k_max = min(k_max, int(((rem[pre] - 1) // tok[pre]).min()))
-        dec = idx[is_dec] if not all_dec else idx
-        left = rs.stage_len[dec] - rs.gen_in_stage[dec]
-        through = (all_dec and self.policy.scheduler.steady_through_finish and not inst.waiting
-                   and not self.global_queue)
-        can_finish = np.zeros(dec.size, bool)
-        if through:
-            can_finish = (stage[is_dec] == w.stage_ptr[dec + 1] - 1) & (w.group[dec] < 0)
-        if (~can_finish).any():
-            k_stage = int(left[~can_finish].min()) - 1
-            if k_stage < k_max:
-                k_max = k_same = k_stage
-        elif dec.size:
-            k_max = min(k_max, int(left.max()))
-        if horizon < INF:
-            k_max = min(k_max, int((horizon - t) / inst.last_dt) + 2)
+        through = self.policy.scheduler.steady_through_finish and not inst.waiting and not self.global_queue
+        k_cap = int((horizon - t) / inst.last_dt) + 2 if horizon < INF else _FF_MAX
+        is_dec = np.empty(idx.size, np.bool_)
+        q_max, left = np.empty(idx.size, np.int64), np.empty(idx.size, np.int64)
+        k_max, k_same, n_dec, feats = kernels.steady_stretch(rs.I, rs.stage, self._is_dec_stage, w.stage_ptr,
+                                                             w.group, idx, tok, through, _FF_MAX, k_cap, is_dec,
+                                                             q_max, left)
         if k_max < 2:
             return None
-        j = np.arange(k_max, dtype=np.int64)
-        m_dec = np.where(can_finish, np.minimum(left, k_max), k_max)
-        nc_dec = nc0[is_dec] if not all_dec else nc0
-        if can_finish.any():
-            active = m_dec[:, None] > j[None, :]
-            n_j = active.sum(axis=0)
-            ctx_j = ((nc_dec + 1)[:, None] * active).sum(axis=0) + j * n_j
-        else:
-            n_j = np.full(k_max, dec.size, np.int64)
-            ctx_j = int((nc_dec + 1).sum()) + j * dec.size
-        zero = np.zeros(k_max, np.int64)
-        if all_dec:
-            feats = BatchFeatures(zero, zero, zero, zero, n_j, n_j, ctx_j, ctx_j, zero)
-        else:
-            c, p0 = tok[~is_dec], nc0[~is_dec]
-            csq = int((c * c).sum())
-            kv_pre = int((p0 + c).sum()) + j * int(c.sum())
-            feats = BatchFeatures(zero + int(c.sum()), zero + c.size, int((c * (p0 + c)).sum()) + j * csq,
-                                  zero + csq, n_j, n_j, ctx_j, ctx_j + kv_pre, zero)
+        q_max, left = q_max[:n_dec], left[:n_dec]
+        feats = BatchFeatures(*feats)
         dts = inst.engine.batch_time(feats)
         ends = np.cumsum(np.concatenate(([t], dts)))[1:]
         k = int(np.searchsorted(ends, horizon, side="left"))
         same = k < k_max or k == k_same  # stopped by the horizon, or a decode stage ends next iteration
-        k_fit = self._ff_fit_kv(inst, idx, tok, nc0, k)
+        k_fit = self._ff_fit_kv(inst, idx, tok, k)
         if k_fit < k:
             k, same = k_fit, False
         if k < 1:
             return None
-        yield from self._apply_run(inst, idx, tok, nc0, is_dec, all_dec, np.minimum(m_dec, k), left,
-                                   t, ends[:k], dts[:k])
+        yield from self._apply_run(inst, idx, tok, is_dec, n_dec == idx.size, np.minimum(q_max, k), left, t,
+                                   ends[:k], dts[:k])
         return float(ends[k - 1]), same
 
-    def _ff_fit_kv(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, nc0: np.ndarray, k: int) -> int:
+    def _ff_fit_kv(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, k: int) -> int:
         """Largest k' <= k such that every request growing by k' * tokens fits in free KV blocks
         (an upper bound on what the stretch really needs, since finishing requests stop growing)."""
-        rs, bs = self.rs, inst.block_size
-        kvb = rs.kv_blocks[idx]
-
-        def need(k: int) -> int:
-            return int(np.maximum((nc0 + k * tok + (bs - 1)) // bs - kvb, 0).sum())
-
-        if k < 1 or need(k) <= inst.free_blocks:
+        I, bs, free = self.rs.I, inst.block_size, inst.free_blocks
+        if k < 1 or kernels.kv_growth(I, idx, tok, k, bs) <= free:
             return k
         lo, hi = 0, k
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if need(mid) <= inst.free_blocks:
+            if kernels.kv_growth(I, idx, tok, mid, bs) <= free:
                 lo = mid
             else:
                 hi = mid - 1
         return lo
 
-    def _apply_run(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, nc0: np.ndarray, is_dec: np.ndarray,
-                   all_dec: bool, q: np.ndarray, left: np.ndarray, t: float, ends: np.ndarray,
-                   dts: np.ndarray) -> _Gen:
+    def _apply_run(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, is_dec: np.ndarray, all_dec: bool,
+                   q: np.ndarray, left: np.ndarray, t: float, ends: np.ndarray, dts: np.ndarray) -> _Gen:
         """Account ``len(ends)`` iterations of a steady batch exactly as stepping would, in bulk.
 
         ``q`` is each decode request's number of tokens in the stretch (fewer than ``len(ends)`` for those that
         finish inside it).
         """
-        rs, bs = self.rs, inst.block_size
         k = ends.size
-        grow = np.full(idx.size, k, np.int64) * tok
-        if all_dec:
-            grow = q.copy()
-        else:
-            grow[is_dec] = q
-        rows = rs.I[idx]
-        nc = nc0 + grow
-        rows[:, I_NC] = nc
-        rows[:, I_COMP] += grow
-        new_blocks = np.maximum((nc + (bs - 1)) // bs - rows[:, I_KV], 0)
-        rows[:, I_KV] += new_blocks
-        rs.I[idx] = rows
-        inst.free_blocks -= int(new_blocks.sum())
+        grown, new_blocks = kernels.apply_run(self.rs.F, self.rs.I, idx, tok, is_dec, q, ends, inst.block_size,
+                                              self.sg_alpha)
+        inst.free_blocks -= new_blocks
         if inst.waiting:
             self._admit(inst, idx, t)
-        dec = idx if all_dec else idx[is_dec]
-        if dec.size:
-            self._emit_run(dec, q, ends)
         inst.iterations += k
-        inst.tokens += int(grow.sum())
+        inst.tokens += grown
         inst.busy_time = float(np.cumsum(np.concatenate(([inst.busy_time], dts)))[-1])
         inst.last_dt = float(dts[-1])
         self.ff_iterations += k
         done = np.flatnonzero(q == left)
         if done.size:  # finishes in step order: by iteration, then batch position
+            dec = idx if all_dec else idx[is_dec]
             for pos in done[np.argsort(q[done], kind="stable")].tolist():
                 yield from self._end_decode_stage(int(dec[pos]), float(ends[q[pos] - 1]))
 
-    def _emit_run(self, dec: np.ndarray, q: np.ndarray, ends: np.ndarray) -> None:
-        """Per-token metrics of ``q[i]`` decode tokens of request ``dec[i]`` at times ``ends[:q[i]]``."""
-        rs = self.rs
-        F = rs.F[dec]
-        I = rs.I[dec]
-        k = ends.size
-        cols = np.arange(k, dtype=np.int64)
-        valid = cols[None, :] < q[:, None]
-        full = bool(valid.all())
-        tp = F[:, F_TPOT]
-        kk = I[:, I_GEN_STAGE]
-        gaps = np.empty((dec.size, k))
-        gaps[:, 0] = ends[0] - F[:, F_LAST]
-        if k > 1:
-            gaps[:, 1:] = np.diff(ends)
-        dl = F[:, F_DL][:, None] + (kk[:, None] + cols) * tp[:, None]
-        slack = dl - ends
-        sg = np.empty((dec.size, k + 1))
-        sg[:, 0] = F[:, F_SG]
-        sg[:, 1:] = self._decay(tp[:, None] / gaps)
-        if not full:
-            gaps[~valid] = -INF
-            slack[~valid] = INF
-            sg[:, 1:][~valid] = 0.0
-        last = q - 1
-        gmax = gaps.max(axis=1)
-        np.minimum(F[:, F_DSLO], slack.min(axis=1), out=F[:, F_DSLO])
-        F[:, F_FINAL] = dl[np.arange(dec.size), last]
-        np.maximum(F[:, F_GAP], gmax, out=F[:, F_GAP])
-        np.minimum(F[:, F_TSLACK], tp - gmax, out=F[:, F_TSLACK])
-        F[:, F_SG] = sg.cumsum(axis=1)[:, -1]
-        F[:, F_LAST] = ends[last]
-        I[:, I_GEN_STAGE] += q
-        I[:, I_GEN] += q
-        I[:, I_NT] += q
-        rs.F[dec] = F
-        rs.I[dec] = I
-
     def _decay(self, ratio: np.ndarray) -> np.ndarray:
         """Tempo's divisive decay f = min{1, (SLO / metric)^alpha} (Eq. 2-3) from ratio = SLO / metric."""
-        a = self.sg_alpha
-        if a == 1.0:
-            return np.minimum(ratio, 1.0)
-        if a == INF:
-            return (ratio >= 1.0).astype(np.float64)
-        return np.minimum(ratio ** a, 1.0)
+        return kernels.decay(ratio, self.sg_alpha)
 
     # ================================================================== iteration end: token accounting
     def _on_iteration_done(self, inst: Instance, t: float) -> _Gen:
@@ -801,25 +678,13 @@ class Simulator:
         rs = self.rs
         if spec is not None and spec.any():
             tok = self._accept_speculation(inst, idx, tok, spec, t)
-        rows = rs.I[idx]
-        rows[:, I_NC] += tok
-        rows[:, I_COMP] += tok
-        rs.I[idx] = rows
-        inst.tokens += int(tok.sum())
-        caught = rows[:, I_NC] == rows[:, I_NT]
-        emit = idx if caught.all() else idx[caught]
-        transitions: list[int] = []
-        prefilled: list[int] | tuple = ()
-        if emit.size:
-            kinds = self._skind[rs.stage[emit]]
-            is_dec = kinds == _DECODE
-            dec = emit if is_dec.all() else emit[is_dec]
-            if dec.size:
-                with np.errstate(divide="ignore"):  # after accepted drafts the bonus token's gap is 0: f = 1
-                    transitions.extend(self._emit_tokens(dec, t).tolist())
-            if not is_dec.all():
-                prefilled = emit[~is_dec].tolist()
-                transitions.extend(r for r in prefilled if self._end_prefill(r, t))
+        fin, pre = self._fin_buf[:idx.size], self._pre_buf[:idx.size]
+        computed, n_fin, n_pre = kernels.end_iteration(rs.F, rs.I, self._is_dec_stage, rs.stage, idx, tok, t,
+                                                       self.sg_alpha, fin, pre)
+        inst.tokens += computed
+        transitions = fin[:n_fin].tolist()
+        prefilled = pre[:n_pre].tolist()
+        transitions.extend(r for r in prefilled if self._end_prefill(r, t))
         for r in transitions:
             yield from self._transition(r, t)
         if prefilled and inst.role == Role.PREFILL:
@@ -827,29 +692,6 @@ class Simulator:
         inst.busy = False
         if inst.n_resident:
             yield from self._schedule(inst, t)
-
-    def _emit_tokens(self, dec: np.ndarray, t: float) -> np.ndarray:
-        """Each request in ``dec`` emits its next output token at ``t``; returns those finishing their stage."""
-        rs = self.rs
-        F = rs.F[dec]
-        I = rs.I[dec]
-        tp = F[:, F_TPOT]
-        k = I[:, I_GEN_STAGE]
-        gap = t - F[:, F_LAST]
-        dl = F[:, F_DL] + k * tp
-        np.minimum(F[:, F_DSLO], dl - t, out=F[:, F_DSLO])
-        F[:, F_FINAL] = dl
-        np.maximum(F[:, F_GAP], gap, out=F[:, F_GAP])
-        np.minimum(F[:, F_TSLACK], tp - gap, out=F[:, F_TSLACK])
-        F[:, F_SG] += self._decay(tp / gap)
-        F[:, F_LAST] = t
-        I[:, I_GEN_STAGE] += 1
-        I[:, I_GEN] += 1
-        I[:, I_NT] += 1
-        rs.F[dec] = F
-        rs.I[dec] = I
-        fin = I[:, I_GEN_STAGE] == I[:, I_SLEN]
-        return dec[fin] if fin.any() else dec[:0]
 
     def _accept_speculation(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, spec: np.ndarray,
                             t: float) -> np.ndarray:
@@ -863,9 +705,9 @@ class Simulator:
         ok = (u < self.spec_acceptance) | (np.arange(u.shape[1])[None, :] >= spec[:, None])
         accepted = np.where(ok.all(axis=1), spec, ok.argmin(axis=1))
         accepted = np.minimum(accepted, rs.stage_len[idx] - rs.gen_in_stage[idx] - 1)
-        with np.errstate(divide="ignore"):  # drafts arrive together: zero gaps, f = 1
-            for step in range(int(accepted.max())):
-                self._emit_tokens(idx[accepted > step], t)
+        fin = np.empty(idx.size, np.int64)
+        for step in range(int(accepted.max())):  # drafts arrive together: zero gaps, f = 1
+            kernels.emit_tokens(rs.F, rs.I, idx[accepted > step], t, self.sg_alpha, fin)
         keep = -(-(rs.num_computed[idx] + tok + accepted) // inst.block_size)
         freed = np.maximum(rs.kv_blocks[idx] - keep, 0)
         rs.kv_blocks[idx] -= freed
@@ -883,7 +725,7 @@ class Simulator:
         due = rs.ready[r] + w.stage_ttft[s]
         rs.ttft_slack[r] = min(rs.ttft_slack[r], due - t)
         wait = t - rs.ready[r]
-        f = float(self._decay(np.array([w.stage_ttft[s] / wait]))[0])
+        f = float(self._decay(w.stage_ttft[s] / wait))
         rs.sg_in[r] += self.sg_weights[0] * w.stage_tokens[s] * f
         if math.isnan(rs.first_token[r]):
             rs.first_token[r] = t
@@ -936,7 +778,7 @@ class Simulator:
         """Move ``r`` to stage ``nxt`` (a prefill, an external call) or finish it."""
         rs, w = self.rs, self.w
         if nxt >= w.stage_ptr[r + 1]:
-            yield from self._done(r, Outcome.BEST_EFFORT if rs.be[r] else Outcome.FINISHED, t)
+            yield from self._done(r, _BEST_EFFORT if rs.be[r] else _FINISHED, t)
             return
         rs.stage[r] = nxt
         kind = self._skind[nxt]
@@ -1044,14 +886,14 @@ class Simulator:
         rs.num_computed[r] = 0
         rs.slot[r] = -1
         st = rs.status[r]
-        if st == Status.RUNNING:
+        if st == _RUNNING:
             inst.running.remove(r)
             inst.running_changed()
-        elif st == Status.WAITING:
+        elif st == _WAITING:
             inst.waiting.remove(r)
-        elif st == Status.EXTERNAL:
+        elif st == _EXTERNAL:
             inst.n_parked -= 1
-        elif st == Status.TRANSFER:
+        elif st == _TRANSFER:
             inst.n_parked -= 1
             d = self._xfer_dst.pop(r, None)
             if d is not None:
@@ -1089,12 +931,12 @@ class Simulator:
         self.dropped_reasons[reason] = self.dropped_reasons.get(reason, 0) + 1
         yield from self._done(r, Outcome.DROPPED, t)
 
-    def _done(self, r: int, outcome: Outcome, t: float) -> _Gen:
+    def _done(self, r: int, outcome: int, t: float) -> _Gen:
         rs = self.rs
-        if rs.status[r] == Status.QUEUED:
+        if rs.status[r] == _QUEUED:
             self.global_queue.remove(r)
         self._release(r)
-        rs.status[r] = Status.DONE
+        rs.status[r] = _DONE
         rs.outcome[r] = outcome
         rs.finish[r] = t
         self._n_done += 1
@@ -1107,7 +949,7 @@ class Simulator:
         g = int(self.w.group[r])
         if g >= 0:
             self._group_progress(g, int(self.w.group_stage[r]), t)
-        if self.global_queue and outcome in (Outcome.FINISHED, Outcome.BEST_EFFORT):
+        if self.global_queue and outcome in (_FINISHED, _BEST_EFFORT):
             yield from self._retry_queue(t)
 
     def _group_progress(self, g: int, s: int, t: float) -> None:

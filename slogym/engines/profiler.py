@@ -23,7 +23,8 @@ import numpy as np
 import pandas as pd
 
 from slogym.core.batch import BatchFeatures
-from slogym.core.simulator import Simulator
+from slogym.core.kernels import batch_features
+from slogym.core.state import I_COLS, I_NC, I_NT
 from slogym.engines.live.client import VLLMEngine
 
 # HyperFlexis App. A grid (batch sizes, input lengths), cut to each engine's limits at run time
@@ -91,7 +92,11 @@ class _Driver:
         tok = np.array([n for _, n in items], np.int64)
         nc = np.array([self.nc[r] for r in rid.tolist()], np.int64)
         nt = np.array([self.nt[r] for r in rid.tolist()], np.int64)
-        feats = Simulator._features(tok, nc, nt - nc, nc + tok, None)
+        table = np.zeros((rid.size, len(I_COLS)), np.int64)
+        table[:, I_NC], table[:, I_NT] = nc, nt
+        no_spec, blocks = np.zeros(rid.size, np.int64), np.empty(rid.size, np.int64)
+        *f, _ = batch_features(table, np.arange(rid.size), tok, no_spec, 1, blocks)
+        feats = BatchFeatures(*f)
         add, self._pending = self._pending, []
         reply = self.engine.step(list(zip(rid.tolist(), tok.tolist(), nc.tolist(), nt.tolist())), add=add)
         for r, n in items:
