@@ -131,6 +131,54 @@ def test_reserve_prevents_starvation_of_slo_insensitive_requests(history: Worklo
     assert with_reserve < 1.0
 
 
+def test_running_decodes_go_first_every_iteration(history: Workload) -> None:
+    # vLLM's chunked-prefill substrate (§5): LSDF orders admission and eviction, never skips a running decode
+    from slogym.baselines.common import split_running
+
+    w = make_workload("tempo-mix", rate=30.0, n_requests=80, seed=4, engine=ENGINE)
+    pol = POLICIES["tempo"](ENGINE, history=history)
+    sched = pol.scheduler
+    inner = sched.next_batch
+    checked = []
+
+    def checking(inst, now):
+        dec = set(split_running(inst)[0].tolist())
+        b = inner(inst, now)
+        if b is not None:
+            skipped = dec - set(b.req.tolist()) - set(b.preempt)
+            checked.append((len(dec), bool(np.any(b.tokens > 1))))
+            assert not skipped, f"running decodes {sorted(skipped)} left out at t={now}"
+        return b
+
+    sched.next_batch = checking
+    Simulator(w, ENGINE, pol, seed=0, fast_forward=False).run()
+    assert any(n > 0 and mixed for n, mixed in checked)  # decodes did share batches with prefill chunks
+
+
+def test_latency_sensitive_density_rises_towards_its_ttft_deadline(history: Workload) -> None:
+    # Eq. 3's TTFT term: a waiting latency-sensitive prompt gains urgency as its TTFT deadline nears and then
+    # outranks a throughput-intensive request of the same lengths (whose 20 s budget is far away)
+    reqs = [Request(0.0, [prefill(100, ttft=2.0), decode(200, tpot=0.1)], app="latency_sensitive"),
+            Request(0.0, [prefill(100), decode(200)], app="throughput_intensive", ttlt=20.0)]
+    w = Workload.from_requests(reqs, name="density-test")
+    pol = POLICIES["tempo-precise"](ENGINE, history=history)
+    sim = Simulator(w, ENGINE, pol, seed=0)
+    pol.reset(sim)
+    sched, inst, rs = pol.scheduler, sim.instances[0], sim.rs
+    idx = np.arange(2)
+    rs.ready[idx] = 0.0
+    rs.num_tokens[idx] = 100
+    inst.last_dt = 0.02
+
+    def dens(now: float, ready: float = 0.0) -> np.ndarray:
+        rs.ready[idx] = ready
+        return sched.priority(idx, inst, now)
+
+    early, late = dens(0.0), dens(1.9)
+    assert late[0] > 5 * early[0] and late[0] > late[1]
+    assert late[1] > early[1]  # the TTLT request's budget shrinks too, more slowly
+
+
 def test_invalid_parameters_raise() -> None:
     with pytest.raises(ValueError, match="predictor"):
         TempoScheduler(predictor="bert")

@@ -1,26 +1,30 @@
 """Reproduce Tempo's headline comparison (Zhang et al. 2025, §6.2 Fig. 9/10/12/13, Fig. 15 ablation) in slogym.
 
-    python scripts/reproduce/tempo.py [--requests 1000] [--loads 1.0,1.7] [--seed 0] [--quick]
+    python scripts/reproduce/tempo.py [--requests 600] [--loads 1.5,2.5] [--seeds 1] [--quick]
 
 Workloads: ``tempo-mix`` (Chatbot, Table 2) and a long-context variant with the LC-Workload lengths of Table 2
-(registered here at run time as ``tempo-mix-lc``; it belongs in slogym.workloads.scenarios), each with Poisson
-arrivals and with the bursty ``code`` arrival fingerprint (correlated gaps, a stand-in for BurstGPT, Fig. 19).
-Loads are multiples of tempo-mix's default rate (9.2 user arrivals/s on one llama3-8b-h100). For every setting it
+(registered here at run time as ``tempo-mix-lc``), each with Poisson arrivals and with the bursty ``code``
+arrival fingerprint (correlated gaps, a stand-in for BurstGPT, Fig. 19; registered at run time as
+``<name>-bursty``). Both belong in slogym.workloads.scenarios once its owner adds them. Loads are multiples of
+tempo-mix's default rate (9.2 user arrivals/s on one llama3-8b-h100); the default 2.5x is past the knee where
+FCFS collapses on 600-arrival runs (the paper's "high load", Fig. 13), 1.5x is moderate. For every setting it
 prints service gain (Eq. 1-3, w_i:w_o = 1:2, alpha = 1) and SLO goodput (requests meeting their SLO per second,
-dslo mode) of every policy, then Tempo's ratios over vLLM / Sarathi beside the paper's 1.3-8.3x (service gain)
-and 4.0-10.3x (goodput), Tempo / Tempo-Precise, and the ablations relative to Tempo. Every Tempo variant is
-trained on a held-out seeded draw of the same workload (1500 user arrivals).
+dslo mode) of every policy, then Tempo's ratios over vLLM / Sarathi / Autellix beside the paper's 1.3-8.3x
+(service gain) and 4.0-10.3x (goodput), Tempo / Tempo-Precise, and the ablations relative to Tempo. Every Tempo
+variant is trained on a held-out seeded draw of the same workload (1500 user arrivals). The default sweep
+(4 settings x 2 loads x 8 policies, 600 arrivals) takes about 6-8 minutes on one core.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
-import importlib.util
+import time
 from typing import Any, Callable
 
-from slogym.baselines import list_policies, make_policy
+import numpy as np
+
+from slogym.baselines import make_policy
 from slogym.baselines.tempo import POLICIES as TEMPO
 from slogym.core.simulator import Simulator
 from slogym.engines.registry import get_engine
@@ -53,56 +57,98 @@ def _bursty(name: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=1000, help="user arrivals per run")
-    ap.add_argument("--loads", default="1.0,1.7", help="multiples of 9.2 arrivals/s")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--requests", type=int, default=600, help="user arrivals per run")
+    ap.add_argument("--loads", default="1.5,2.5", help="multiples of 9.2 arrivals/s")
+    ap.add_argument("--seeds", type=int, default=1, help="average each run over seeds 0..N-1")
     ap.add_argument("--engine", default="llama3-8b-h100")
     ap.add_argument("--quick", action="store_true", help="Poisson tempo-mix only")
     a = ap.parse_args()
     _register_lc()
     eng = get_engine(a.engine)
-    factories: dict[str, Callable[..., Any]] = {n: (lambda e, n=n: make_policy(n, e)) for n in ("vllm", "sarathi")}
-    if "autellix" in list_policies():
-        factories["autellix"] = lambda e: make_policy("autellix", e)
-    elif importlib.util.find_spec("slogym.baselines.autellix"):  # built but not registered yet
-        factories["autellix"] = importlib.import_module("slogym.baselines.autellix").POLICIES["autellix"]
-    baselines = list(factories)
+    baselines = ["vllm", "sarathi", "autellix"]
     names = list(TEMPO) + baselines
     rate0 = SCENARIOS["tempo-mix"].default_rate
     settings = [(w, arr) for w in ("tempo-mix", "tempo-mix-lc") for arr in ("poisson", "bursty")]
     if a.quick:
         settings = settings[:1]
-    ratios: dict[str, list[float]] = {}
+    table: list[tuple[str, dict[str, float]]] = []
+    started = time.perf_counter()
     for wname, arrival in settings:
         scen = wname if arrival == "poisson" else _bursty(wname)
-        history = make_workload(scen, n_requests=1500, seed=a.seed + 1_000_003)
+        histories = [make_workload(scen, n_requests=1500, seed=s + 1_000_003) for s in range(a.seeds)]
         for load in (float(x) for x in a.loads.split(",")):
-            w = make_workload(scen, rate=load * rate0, n_requests=a.requests, seed=a.seed, engine=eng)
-            res = {}
-            for name in names:
-                pol = TEMPO[name](eng, history=history) if name in TEMPO else factories[name](eng)
-                res[name] = Simulator(w, eng, pol, seed=a.seed).run().result().summary
+            runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+            for seed, history in enumerate(histories):
+                w = make_workload(scen, rate=load * rate0, n_requests=a.requests, seed=seed, engine=eng)
+                for name in names:
+                    pol = TEMPO[name](eng, history=history) if name in TEMPO else make_policy(name, eng)
+                    runs[name].append(Simulator(w, eng, pol, seed=seed).run().result().summary)
+            res = {name: _mean(s) for name, s in runs.items()}
             print(f"\n{wname} {arrival} load {load:g}x ({load * rate0:.1f}/s, {a.requests} arrivals, "
-                  f"{len(w)} requests)")
+                  f"{len(w)} requests{f', mean of {a.seeds} seeds' if a.seeds > 1 else ''})")
             print(f"  {'policy':20s} {'service_gain':>13s} {'goodput':>8s} {'attain':>7s}  per-app attainment")
             for name in names:
                 s = res[name]
                 apps = " ".join(f"{k[:4]}={v:.2f}" for k, v in s["attainment_by_app"].items())
                 print(f"  {name:20s} {s['service_gain']:13.0f} {s['goodput']:8.3f} {s['attainment']:7.3f}  {apps}")
-            t = res["tempo"]
-            for metric in ("service_gain", "goodput"):
-                for b in baselines:
-                    ratios.setdefault(f"{metric} tempo/{b}", []).append(t[metric] / max(res[b][metric], 1e-12))
-                ratios.setdefault(f"{metric} tempo/tempo-precise", []).append(
-                    t[metric] / max(res["tempo-precise"][metric], 1e-12))
-                for abl in ("tempo-no-graph", "tempo-no-predictor", "tempo-sjf"):
-                    ratios.setdefault(f"{metric} {abl}/tempo", []).append(res[abl][metric] / max(t[metric], 1e-12))
-    print("\nratios over all settings (min - max)      slogym           paper")
-    for k, v in ratios.items():
-        metric = k.split()[0]
-        paper = (f"{PAPER[metric][0]:g}-{PAPER[metric][1]:g}x" if "/vllm" in k or "/sarathi" in k or "/autellix" in k
-                 else ">= 0.9 (near oracle)" if "precise" in k else "< 1 (ablation below Tempo)")
-        print(f"  {k:38s} {min(v):6.2f} - {max(v):5.2f}x   {paper}")
+            table.append((f"{wname[6:] or 'mix'}-{arrival[0]} {load:g}x", _ratios(res, baselines)))
+    _print_ratios(table, time.perf_counter() - started)
+    print(NOTE)
+
+
+def _mean(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Service gain, goodput and attainment (overall and per app) averaged over seeds."""
+    out: dict[str, Any] = {k: float(np.mean([s[k] for s in summaries]))
+                           for k in ("service_gain", "goodput", "attainment")}
+    out["attainment_by_app"] = {app: float(np.mean([s["attainment_by_app"][app] for s in summaries]))
+                                for app in summaries[0]["attainment_by_app"]}
+    return out
+
+
+def _ratios(res: dict[str, dict[str, Any]], baselines: list[str]) -> dict[str, float]:
+    """Tempo over each baseline and Tempo-Precise, each ablation over Tempo, for both metrics."""
+    t = res["tempo"]
+    out = {}
+    for m in ("service_gain", "goodput"):
+        for b in baselines + ["tempo-precise"]:
+            out[f"{m} tempo/{b}"] = t[m] / max(res[b][m], 1e-12)
+        for abl in ("tempo-no-graph", "tempo-no-predictor", "tempo-sjf"):
+            out[f"{m} {abl}/tempo"] = res[abl][m] / max(t[m], 1e-12)
+    return out
+
+
+def _expected(key: str) -> tuple[str, Callable[[float], bool]]:
+    """The paper's figure for a ratio and the shape test it implies."""
+    metric = key.split()[0]
+    if "precise" in key:
+        return ">= 0.9 (near oracle, Fig. 12)", lambda v: v >= 0.9
+    if key.split()[1].startswith("tempo/"):
+        lo, hi = PAPER[metric]
+        return f"{lo:g}-{hi:g}x (> 1)", lambda v: v > 1.0
+    return "< 1 (ablation, Fig. 15)", lambda v: v < 1.0
+
+
+def _print_ratios(table: list[tuple[str, dict[str, float]]], seconds: float) -> None:
+    labels = [label for label, _ in table]
+    print(f"\nratios per setting ({seconds:.0f} s in all)")
+    print(f"  {'ratio':38s} " + " ".join(f"{x:>11s}" for x in labels) + "   shape met   paper")
+    for key in table[0][1]:
+        vals = [r[key] for _, r in table]
+        paper, ok = _expected(key)
+        met = sum(ok(v) for v in vals)
+        print(f"  {key:38s} " + " ".join(f"{v:11.2f}" for v in vals) + f"   {met:>3d}/{len(vals):<3d}     {paper}")
+
+
+NOTE = """
+Where slogym differs from the paper, and why:
+* Service gain ties (about 1.0x): every output token is worth w_o whatever its class, latency-sensitive output
+  tokens are judged by their gaps (Eq. 3), which decode-first batching keeps under the TBT SLO for every
+  policy, and the run drains its backlog, so the total gain is nearly policy-independent; only the TTLT decay
+  of late throughput-intensive and collective requests moves it. The paper's 1.3-8.3x comes from a one-hour
+  overloaded online run (Fig. 9) where FCFS's backlog grows without bound.
+* Goodput gains are smaller than 4-10.3x: the same finite runs; slogym's vLLM and Sarathi already use
+  chunked prefill or decode-first batching, and the SLO-bound (not length-bound) runs leave little to ablations.
+"""
 
 
 if __name__ == "__main__":
