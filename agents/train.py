@@ -7,7 +7,8 @@ Overrides are ``dotted.key=value`` (values parsed as YAML), e.g. ``env_kwargs.ra
 
 Steps: (1) config; (2) environments -- training episodes come from ``split="train"`` windows, evaluation from
 the held-out ``split="test"`` windows; (3) the model (SB3 ``PPO`` for Box actions, ``MaskablePPO`` for discrete
-ones) on the flattened observation; (4) optional behaviour cloning from the env's ``expert_action``:
+ones) on the flattened observation -- an MLP, or with a ``slots`` block the slot-equivariant network of
+``slogym.agents.nets`` (one shared scorer per candidate / instance); (4) optional behaviour cloning from the env's ``expert_action``:
 cross-entropy (discrete) or squared error of the mean action (Box), plus a value-head fit to the expert's
 discounted returns; (5) PPO fine-tuning; (6) model selection on *training-split* validation windows (the
 BC-only weights are kept if fine-tuning made them worse); (7) evaluation on test windows and saving.
@@ -35,7 +36,16 @@ from stable_baselines3 import PPO
 import slogym  # noqa: F401  (registers the environments)
 from slogym.agents import env_policy, model_actor
 from slogym.agents.evaluation import evaluate, windows
+from slogym.agents.nets import MaskableSlotPolicy, SlotPolicy, slot_layout
 from slogym.envs.batching import level_of
+
+SLACK = 6  # Batching-v0 candidate feature: slack to the next output's deadline (s)
+
+
+def edf_priority(slack: np.ndarray) -> np.ndarray:
+    """EDF's priority key as Batching-v0 scores: earlier deadline (smaller slack, s), higher score; all in
+    [0.3, 1] (schedulable, clear of the skip threshold 0) and steepest within a second of the deadline."""
+    return 0.65 - 0.35 * np.tanh(slack / 0.5)
 from slogym.workloads.scenarios import SCENARIOS
 
 ROOT = Path(__file__).resolve().parent
@@ -66,12 +76,15 @@ def make_env(cfg: dict[str, Any], split: str) -> gym.Env:
 
 # ---------------------------------------------------------------------------------------------- 4. imitation
 def expert_rollouts(env: gym.Env, expert: str | None, steps: int, gamma: float, seed: int,
-                    min_budget: int | None = None) -> dict[str, np.ndarray]:
+                    min_budget: int | None = None, deadline_scores: bool = False) -> dict[str, np.ndarray]:
     """``steps`` transitions of the expert on training windows: observations, actions, masks and the
-    discounted return from each step to its episode's end. With ``min_budget`` (Batching-v0) the budget-level
-    target is raised to at least that many tokens: the expert's level is its batch's exact token count, so a
-    slightly low imitation would cut members out of the batch, while extra budget adds none (non-members keep
-    negative scores)."""
+    discounted return from each step to its episode's end. Batching-v0 targets: with ``min_budget`` the
+    budget level is raised to at least that many tokens (the expert's level is its batch's exact token count,
+    so a slightly low imitation would cut members out of the batch). With ``deadline_scores`` (expert EDF)
+    every candidate's target is EDF's own priority key instead of its rank in the batch:
+    :func:`edf_priority` of its next deadline's slack (an observed feature); in score order within the budget this forms EDF's batch (same metrics as native
+    EDF on the validation windows checked), while rank targets depend on every other candidate and a
+    per-candidate scorer fits them only approximately."""
     raw = env.unwrapped
     obs_l, act_l, mask_l, rew_l, done_l = [], [], [], [], []
     obs, _ = env.reset(seed=seed)
@@ -79,6 +92,10 @@ def expert_rollouts(env: gym.Env, expert: str | None, steps: int, gamma: float, 
         a = raw.expert_action(expert) if expert else raw.expert_action()
         if min_budget:
             a[-1] = max(a[-1], level_of(min_budget))
+        if deadline_scores:
+            n = len(raw.candidates())
+            slack = gym.spaces.unflatten(raw.observation_space, obs)["candidates"][:n, SLACK]
+            a[:n] = edf_priority(slack)
         obs_l.append(obs)
         act_l.append(a)
         mask_l.append(raw.action_masks() if hasattr(raw, "action_masks") else np.ones(1, bool))
@@ -97,20 +114,27 @@ def expert_rollouts(env: gym.Env, expert: str | None, steps: int, gamma: float, 
 
 
 def behaviour_clone(model: Any, data: dict[str, np.ndarray], epochs: int, batch_size: int, lr: float,
-                    seed: int) -> list[float]:
+                    seed: int, last_weight: float = 1.0) -> list[float]:
     """Fit the policy to the expert -- cross-entropy of its action for discrete actions, squared error of the
-    Gaussian mean for Box actions (the exploration std is left to PPO) -- and the value head to the expert's
-    returns (scaled by their mean magnitude); returns the mean loss per epoch."""
+    Gaussian mean for Box actions (the exploration std is left to PPO; the last action entry's error weighs
+    ``last_weight``: Batching-v0's budget level, where 0.01 is ~160 tokens) -- and the value head to the
+    expert's returns (scaled by their mean magnitude). Adam's learning rate decays linearly to 0 over the epochs.
+    Returns the mean loss per epoch."""
     pol = model.policy
     opt = torch.optim.Adam(pol.parameters(), lr=lr)
     obs, act = torch.as_tensor(data["obs"]), torch.as_tensor(data["act"])
     ret = torch.as_tensor(data["ret"])
     masked = isinstance(model, MaskablePPO)
+    weight = torch.ones(act.shape[-1]) if not masked else None
+    if weight is not None:
+        weight[-1] = last_weight
     scale = float(ret.abs().mean()) + 1e-8
     rng = np.random.default_rng(seed)
     losses = []
     pol.set_training_mode(True)
-    for _ in range(epochs):
+    for epoch in range(epochs):
+        for g in opt.param_groups:  # linear decay to 0: Adam's step noise would otherwise stay at ~lr
+            g["lr"] = lr * (1.0 - epoch / epochs)
         perm, total = rng.permutation(len(obs)), 0.0
         for lo in range(0, len(obs), batch_size):
             b = perm[lo:lo + batch_size]
@@ -119,7 +143,8 @@ def behaviour_clone(model: Any, data: dict[str, np.ndarray], epochs: int, batch_
                 imitation = -logp.mean()
             else:
                 values = pol.predict_values(obs[b])
-                imitation = ((pol.get_distribution(obs[b]).distribution.mean - act[b]) ** 2).sum(1).mean()
+                mean = pol.get_distribution(obs[b]).distribution.mean
+                imitation = (weight * (mean - act[b]) ** 2).sum(1).mean()
             loss = imitation + 0.5 * (((values.flatten() - ret[b]) / scale) ** 2).mean()
             opt.zero_grad()
             loss.backward()
@@ -159,19 +184,27 @@ def main() -> None:
 
     # 3. model
     algo = {"PPO": PPO, "MaskablePPO": MaskablePPO}[cfg["algo"]]
-    model = algo("MlpPolicy", env, seed=seed, device="cpu", verbose=0, policy_kwargs=cfg["policy_kwargs"],
-                 **cfg["ppo"])
+    policy, policy_kwargs = "MlpPolicy", dict(cfg["policy_kwargs"])
+    if cfg.get("slots"):  # one shared scorer per slot (candidate / instance) + the extra action outputs
+        space, act_space = env.unwrapped.observation_space, env.action_space
+        n_act = act_space.n if isinstance(act_space, gym.spaces.Discrete) else act_space.shape[0]
+        n_slots = space[cfg["slots"]["items"][0]].shape[0]
+        policy = MaskableSlotPolicy if cfg["algo"] == "MaskablePPO" else SlotPolicy
+        policy_kwargs["layout"] = slot_layout(space, cfg["slots"]["items"], cfg["slots"].get("mask"),
+                                              n_act - n_slots)
+    model = algo(policy, env, seed=seed, device="cpu", verbose=0, policy_kwargs=policy_kwargs, **cfg["ppo"])
 
     # 4. behaviour cloning warm start
     bc = cfg.get("bc") or {}
     bc_log: dict[str, Any] = {"steps": int(bc.get("steps", 0))}
     if bc_log["steps"]:
         data = expert_rollouts(make_env(cfg, "train"), bc.get("expert"), bc_log["steps"], model.gamma, seed + 1,
-                               bc.get("min_budget"))
+                               bc.get("min_budget"), bool(bc.get("deadline_scores")))
         bc_log |= {"expert": bc.get("expert") or cfg["env_kwargs"]["policy"], "epochs": bc["epochs"],
-                   "min_budget": bc.get("min_budget"),
+                   "min_budget": bc.get("min_budget"), "deadline_scores": bool(bc.get("deadline_scores")),
+                   "last_weight": bc.get("last_weight", 1.0),
                    "losses": behaviour_clone(model, data, int(bc["epochs"]), int(bc["batch_size"]),
-                                             float(bc["learning_rate"]), seed)}
+                                             float(bc["learning_rate"]), seed, float(bc.get("last_weight", 1.0)))}
         print(f"BC: {bc_log['steps']} expert steps, loss {bc_log['losses'][0]:.3f} -> {bc_log['losses'][-1]:.3f}")
 
     # 5. PPO fine-tuning
@@ -202,6 +235,7 @@ def main() -> None:
         "name": cfg["name"], "env_id": cfg["env_id"], "env_kwargs": cfg["env_kwargs"], "algo": cfg["algo"],
         "arrival_rate": SCENARIOS[cfg["env_kwargs"]["scenario"]].default_rate * cfg["env_kwargs"].get("rate_scale", 1),
         "seed": seed, "total_timesteps": int(cfg["total_timesteps"]), "policy_kwargs": cfg["policy_kwargs"],
+        "slots": cfg.get("slots"),
         "ppo": cfg["ppo"], "bc": bc_log, "selected": selected,
         "validation": {"seeds": val_seeds, "bc": val_bc, "bc_ppo": val_ppo if before is not None else None},
         "train_wall_seconds": round(wall, 1), "train_cpu_seconds": round(cpu, 1),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -15,7 +18,10 @@ from stable_baselines3 import PPO  # noqa: E402
 
 import slogym  # noqa: E402,F401
 from slogym import agents  # noqa: E402
-from slogym.agents.evaluation import run_window, windows  # noqa: E402
+from slogym.agents.evaluation import evaluate, run_window, windows  # noqa: E402
+from slogym.agents.nets import MaskableSlotPolicy, SlotPolicy, slot_layout  # noqa: E402
+from slogym.baselines import make_policy  # noqa: E402
+from slogym.envs.batching import level_of  # noqa: E402
 
 torch.set_num_threads(1)
 SMALL = {"scenario": "coder", "episode": 32, "pool_requests": 400, "seed": 0}
@@ -37,6 +43,88 @@ def test_short_learn(env_id: str, kw: dict) -> None:
                             policy_kwargs={"net_arch": [16]})
     model.learn(total_timesteps=256)
     assert model.num_timesteps >= 256
+
+
+def _train_module():
+    spec = importlib.util.spec_from_file_location("train", Path(__file__).parents[1] / "agents" / "train.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _slot_model(env_id: str, kw: dict, items: list[str], mask: str | None):
+    env = FlattenObservation(gym.make(env_id, split="train", **SMALL, **kw))
+    space = env.unwrapped.observation_space
+    n_act = env.action_space.n if isinstance(env.action_space, gym.spaces.Discrete) else env.action_space.shape[0]
+    layout = slot_layout(space, items, mask, n_act - space[items[0]].shape[0])
+    if isinstance(env.action_space, gym.spaces.Discrete):
+        env = ActionMasker(env, lambda e: e.unwrapped.action_masks())
+        return env, MaskablePPO(MaskableSlotPolicy, env, n_steps=64, batch_size=32, n_epochs=1, seed=0,
+                                device="cpu", policy_kwargs={"layout": layout, "hidden": 8})
+    return env, PPO(SlotPolicy, env, n_steps=64, batch_size=32, n_epochs=1, seed=0, device="cpu",
+                    policy_kwargs={"layout": layout, "hidden": 8, "extra_log_std": -4.0})
+
+
+def test_slot_layout_matches_flatten() -> None:
+    env = gym.make("slogym/Routing-v0", n_instances=3, **SMALL).unwrapped
+    obs, _ = env.reset(seed=0)
+    layout = slot_layout(env.observation_space, ["instances", "slack"], None, 1)
+    flat = gym.spaces.flatten(env.observation_space, obs)
+    (o_inst, w_inst), (o_slack, w_slack) = layout["items"]
+    assert layout["n_slots"] == 3 and (w_inst, w_slack) == (obs["instances"].shape[1], obs["slack"].shape[1])
+    np.testing.assert_array_equal(flat[o_inst:o_inst + 3 * w_inst].reshape(3, -1), obs["instances"])
+    np.testing.assert_array_equal(flat[o_slack:o_slack + 3 * w_slack].reshape(3, -1), obs["slack"])
+    ctx = np.concatenate([flat[o:o + n] for o, n in layout["context"]])
+    assert ctx.size == sum(obs[k].size for k in ("app", "recent", "request", "tier"))
+    with pytest.raises(ValueError, match="slots"):
+        slot_layout(env.observation_space, ["instances", "request"], None, 1)
+
+
+@pytest.mark.parametrize("env_id, kw, items, mask", [
+    ("slogym/Batching-v0", {"rate_scale": 0.6, "K": 8}, ["candidates", "valid"], "valid"),
+    ("slogym/Routing-v0", {"rate_scale": 4.0, "n_instances": 4}, ["instances", "slack"], None),
+])
+def test_slot_policy_is_equivariant_learns_and_reloads(env_id: str, kw: dict, items: list[str], mask: str | None,
+                                                      tmp_path: Path) -> None:
+    """Permuting the slots permutes the slot outputs (extra outputs and value unchanged); a short learn runs;
+    the saved model reloads with the same outputs."""
+    env, model = _slot_model(env_id, kw, items, mask)
+    pol, layout = model.policy, model.policy.layout
+    n = layout["n_slots"]
+    x = torch.randn(3, env.observation_space.shape[0])
+    if mask is not None:
+        x[:, layout["mask"]:layout["mask"] + n] = 1.0
+    perm = torch.randperm(n)
+    xp = x.clone()
+    for o, w in layout["items"]:
+        xp[:, o:o + n * w] = x[:, o:o + n * w].reshape(3, n, w)[:, perm].reshape(3, -1)
+    with torch.no_grad():
+        out, outp = pol.mlp_extractor.forward_actor(x), pol.mlp_extractor.forward_actor(xp)
+        torch.testing.assert_close(outp[:, :n], out[:, :n][:, perm])
+        torch.testing.assert_close(outp[:, n:], out[:, n:])
+        torch.testing.assert_close(pol.predict_values(xp), pol.predict_values(x))
+    model.learn(total_timesteps=128)
+    assert model.num_timesteps >= 128
+    model.save(tmp_path / "m.zip")
+    again = type(model).load(tmp_path / "m.zip", device="cpu")
+    with torch.no_grad():
+        torch.testing.assert_close(again.policy.mlp_extractor.forward_actor(x), pol.mlp_extractor.forward_actor(x))
+
+
+def test_edf_priority_scores_reproduce_edf() -> None:
+    """The BC target of the batching agent -- EDF's priority key as per-candidate scores within EDF's
+    512-token budget -- forms EDF's batches: the same metrics as native EDF."""
+    train = _train_module()
+    env, wins = windows("slogym/Batching-v0", {"rate_scale": 0.8, "K": 64, "policy": "edf", **SMALL}, [0, 1])
+
+    def act(obs: dict) -> np.ndarray:
+        s = np.where(obs["valid"] > 0, train.edf_priority(obs["candidates"][:, train.SLACK]), -0.5)
+        return np.append(s, level_of(512)).astype(np.float32)
+
+    assert evaluate(lambda i: agents.env_policy("edf-scores", env, act), env, wins) == \
+        evaluate(lambda i: make_policy("edf", env.engine), env, wins)
+    assert train.edf_priority(np.array([-1.0, 0.05, 2.0])).tolist() == sorted(
+        train.edf_priority(np.array([-1.0, 0.05, 2.0])).tolist(), reverse=True)
 
 
 def test_available_and_unknown() -> None:
