@@ -292,6 +292,8 @@ def anneal(p: PlanProblem, rng: np.random.Generator, cfg: AnnealConfig = AnnealC
     g_start = met / lat
     if met[1] == n and p.max_batch == 1:   # shortest-first meets every SLO: optimal (§4.3; see module doc)
         return starts[1], float(g_start[1])
+    if n == 1:   # a single request has a single plan: nothing to search
+        return starts[0], float(g_start[0])
     j = int(np.argmax(g_start))
     best, g_best = starts[j], float(g_start[j])
     scale = 100.0 / max(g_best, 1.0 / float(lat[j]))   # dG in percent of the start's G
@@ -405,9 +407,11 @@ class SAScheduler(Scheduler):
         return self._pred[reqs]
 
     def _observe_finishes(self) -> None:
+        if not self._live:
+            return
         rs, w = self._sim.rs, self._sim.w
-        done = [r for r in self._live if rs.status[r] == Status.DONE]
-        for r in sorted(done):
+        live = np.fromiter(self._live, np.int64, len(self._live))
+        for r in np.sort(live[rs.status[live] == Status.DONE]).tolist():
             self.lengths.observe(int(w.app[r]), int(rs.generated[r]))
             self._live.discard(r)
 
