@@ -117,6 +117,10 @@ def _ratios(res: dict[str, dict[str, Any]], baselines: list[str]) -> dict[str, f
     return out
 
 
+MARGIN = 0.01
+"""A ratio within 1% of 1 is a tie, not a win: the "shape met" column needs the margin."""
+
+
 def _expected(key: str) -> tuple[str, Callable[[float], bool]]:
     """The paper's figure for a ratio and the shape test it implies."""
     metric = key.split()[0]
@@ -124,8 +128,8 @@ def _expected(key: str) -> tuple[str, Callable[[float], bool]]:
         return ">= 0.9 (near oracle, Fig. 12)", lambda v: v >= 0.9
     if key.split()[1].startswith("tempo/"):
         lo, hi = PAPER[metric]
-        return f"{lo:g}-{hi:g}x (> 1)", lambda v: v > 1.0
-    return "< 1 (ablation, Fig. 15)", lambda v: v < 1.0
+        return f"{lo:g}-{hi:g}x (> 1)", lambda v: v > 1.0 + MARGIN
+    return "< 1 (ablation, Fig. 15)", lambda v: v < 1.0 - MARGIN
 
 
 def _print_ratios(table: list[tuple[str, dict[str, float]]], seconds: float) -> None:
@@ -140,14 +144,19 @@ def _print_ratios(table: list[tuple[str, dict[str, float]]], seconds: float) -> 
 
 
 NOTE = """
-Where slogym differs from the paper, and why:
-* Service gain ties (about 1.0x): every output token is worth w_o whatever its class, latency-sensitive output
-  tokens are judged by their gaps (Eq. 3), which decode-first batching keeps under the TBT SLO for every
-  policy, and the run drains its backlog, so the total gain is nearly policy-independent; only the TTLT decay
-  of late throughput-intensive and collective requests moves it. The paper's 1.3-8.3x comes from a one-hour
-  overloaded online run (Fig. 9) where FCFS's backlog grows without bound.
-* Goodput gains are smaller than 4-10.3x: the same finite runs; slogym's vLLM and Sarathi already use
-  chunked prefill or decode-first batching, and the SLO-bound (not length-bound) runs leave little to ablations.
+"shape met" counts settings where the ratio clears 1 by more than 1% (0.9 for Tempo / Tempo-Precise).
+Where slogym differs from the paper, and why (figures: the default settings, one seed):
+* Service gain ties (about 1.0x over Sarathi, 1.01-1.05x over vLLM and Autellix): every output token is worth
+  w_o whatever its class, latency-sensitive output tokens are judged per gap (Eq. 3), which decode-first
+  batching keeps under the TBT SLO, and every run drains its backlog, so the total gain hardly depends on the
+  order; only the TTLT decay of late throughput-intensive and collective requests moves it. The paper's
+  1.3-8.3x come from a one-hour overloaded online run (Fig. 9) where FCFS's backlog grows without bound.
+* Goodput: Tempo leads vLLM everywhere (prefill-first vLLM stalls decodes) but by 1.1-1.6x, not 4-10.3x: the
+  runs are finite, Sarathi already batches decode-first, and the long-context collectives (about 1.1k output
+  tokens per request, two stages in 40 s) are mostly infeasible for every policy. Under bursts on the
+  long-context mix Tempo falls behind Autellix and Sarathi at 2.5x.
+* Ablations: dropping the predictor lowers goodput everywhere; dropping graph matching and Tempo-SJF differ
+  from Tempo by a few percent either way (SJF wins under bursts), within seed noise at these run lengths.
 """
 
 

@@ -216,22 +216,23 @@ class TempoScheduler(TokenBudgetScheduler):
         """Priority of candidates ``idx``: service density (or 1/T for SJF), blended with fairness."""
         w, rs = self.w, self.rs
         tau = max(inst.last_dt, 1e-4)
-        r_out, t_pre, t_rem = self._remaining_time(idx, tau)
         sid = self.sid[idx]
         coll = sid >= 0
-        if self.order == "sjf":
-            p = 1.0 / t_rem
-        else:
-            if coll.any():  # Alg. 1 line 17-18: the stage's slowest live request sets the time
-                sids, pos = np.unique(sid[coll], return_inverse=True)
-                m = np.concatenate([self.members[s] for s in sids.tolist()])
-                owner = np.repeat(np.arange(sids.size), [self.members[s].size for s in sids.tolist()])
-                live = rs.status[m] != Status.DONE
-                stage_t = np.zeros(sids.size)
-                np.maximum.at(stage_t, owner[live], self._remaining_time(m[live], tau)[2])
-                t_rem = t_rem.copy()
-                t_rem[coll] = stage_t[pos]
-            p = self._density(idx, r_out, t_pre, t_rem, sid, now)
+        if self.order == "sjf" or not coll.any():
+            r_out, t_pre, t_rem = self._remaining_time(idx, tau)
+        else:  # Alg. 1 line 17-18: the stage's slowest live request sets the time
+            sids, pos = np.unique(sid[coll], return_inverse=True)
+            parts = [self.members[s] for s in sids.tolist()]
+            m = np.concatenate(parts)
+            live = rs.status[m] != Status.DONE
+            owner = np.repeat(np.arange(sids.size), [x.size for x in parts])[live]
+            r_out, t_pre, t_all = self._remaining_time(np.concatenate([idx, m[live]]), tau)  # one QRF call
+            n = idx.size
+            r_out, t_pre, t_rem = r_out[:n], t_pre[:n], t_all[:n].copy()
+            stage_t = np.zeros(sids.size)
+            np.maximum.at(stage_t, owner, t_all[n:])
+            t_rem[coll] = stage_t[pos]
+        p = 1.0 / t_rem if self.order == "sjf" else self._density(idx, r_out, t_pre, t_rem, sid, now)
         if self.fairness > 0:
             top = p.max(initial=0.0)
             att = self.served[w.app[idx]]
