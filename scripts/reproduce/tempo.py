@@ -155,8 +155,9 @@ Where slogym differs from the paper, and why (figures: the default settings, one
   runs are finite, Sarathi already batches decode-first, and the long-context collectives (about 1.1k output
   tokens per request, two stages in 40 s) are mostly infeasible for every policy. Under bursts on the
   long-context mix Tempo falls behind Autellix and Sarathi at 2.5x.
-* Ablations: dropping the predictor lowers goodput everywhere; dropping graph matching and Tempo-SJF differ
-  from Tempo by a few percent either way (SJF wins under bursts), within seed noise at these run lengths.
+* Ablations: dropping the predictor lowers goodput in one-seed runs (a 3-seed mean at 2.5x Poisson ties);
+  without graph matching and Tempo-SJF are about as good or a few percent better (SJF under bursts): on this
+  fixed two-stage DAG the matched stage split adds little, and the SLO-bound mix rewards short-job order.
 """
 
 
