@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import islice
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -41,7 +42,7 @@ def make_room_for_decodes(inst: Instance, dec: np.ndarray, victim_key: Callable[
     need = inst.blocks_needed(dec, 1)
     free = inst.free_blocks
     victims: list[int] = []
-    alive = {int(r): int(b) for r, b in zip(dec, need)}
+    alive = dict(zip(dec.tolist(), need.tolist()))
     prefilling = [r for r in inst.running if r not in alive]
     # prefilling requests hold KV too; they are candidates as well
     pool = sorted(list(alive) + prefilling, key=victim_key)
@@ -60,37 +61,23 @@ def fill_prefill_chunks(inst: Instance, candidates: Iterable[int], budget: int, 
 
     With ``chunked`` a request gets ``min(remaining, budget left, KV that fits)`` tokens (Sarathi-Serve);
     without it, only whole prefills fit (vLLM's default), except that the first may exceed the budget
-    so that a prompt longer than the budget is not starved. Returns (requests, chunk sizes, blocks used,
-    repeatable): ``repeatable`` is True when exactly one chunk was scheduled and it was cut by the budget alone
-    (not by its remainder or by KV), so the same batch would be formed again next iteration.
+    so that a prompt longer than the budget is not starved. The first candidate that does not fit ends the
+    batch. Returns (requests, chunk sizes, blocks used, repeatable): ``repeatable`` is True when exactly one
+    chunk was scheduled and it was cut by the budget alone (not by its remainder or by KV), so the same batch
+    would be formed again next iteration.
     """
-    rs = inst.sim.rs
-    bs = inst.block_size
-    reqs: list[int] = []
-    toks: list[int] = []
-    used = 0
-    repeatable = False
-    table = rs.I
-    for r in candidates:
-        if budget <= 0 or len(reqs) >= max_seqs:
-            break
-        row = table[r]
-        nc = int(row[I_NC])
-        rem = int(row[I_NT]) - nc
-        held = int(row[I_KV])
-        fits = (free_blocks - used + held) * bs - nc
-        if chunked:
-            chunk = min(rem, budget, fits)
-        else:
-            chunk = rem if (rem <= budget or not reqs) and rem <= fits else 0
-        if chunk < 1:
-            break
-        repeatable = not reqs and chunk == budget < rem and chunk < fits
-        reqs.append(r)
-        toks.append(chunk)
-        used += max(-(-(nc + chunk) // bs) - held, 0)
-        budget -= chunk
+    # every chunk takes >= 1 token of the budget, so at most budget + 1 candidates are looked at
+    cands = np.fromiter(islice(candidates, max(min(budget, max_seqs), 0) + 1), np.int64)
+    reqs, toks, used, repeatable = _take(inst, cands, budget, free_blocks, max_seqs, chunked, False)
     return reqs, toks, used, repeatable
+
+
+def _take(inst: Instance, cands: np.ndarray, budget: int, free: int, max_seqs: int, chunked: bool,
+          skip_misfits: bool) -> tuple[list[int], list[int], int, bool]:
+    reqs, toks = np.empty(cands.size, np.int64), np.empty(cands.size, np.int64)
+    n, used, repeatable = kernels.take_in_order(inst.sim.rs.I, cands, budget, free, max_seqs, inst.block_size,
+                                                chunked, skip_misfits, reqs, toks)
+    return reqs[:n].tolist(), toks[:n].tolist(), used, repeatable
 
 
 class TokenBudgetScheduler(Scheduler):
@@ -122,29 +109,26 @@ class BatchBuilder:
         return self.budget <= 0 or len(self.reqs) >= self.max_seqs
 
     def is_decode(self, r: int) -> bool:
-        return int(self.inst.remaining([r])[0]) == 1
+        row = self.inst.sim.rs.I[r]
+        return int(row[I_NT]) - int(row[I_NC]) == 1
 
     def decode_need(self, r: int) -> int:
-        return int(self.inst.blocks_needed([r], 1)[0])
+        """Extra KV blocks a decode step of ``r`` needs."""
+        row = self.inst.sim.rs.I[r]
+        return max(-(-(int(row[I_NC]) + 1) // self.inst.block_size) - int(row[I_KV]), 0)
 
     def take(self, r: int) -> bool:
-        if self.is_decode(r):
-            need = self.decode_need(r)
-            if need > self.free:
-                return False
-            self.reqs.append(r)
-            self.toks.append(1)
-            self.free -= need
-            self.budget -= 1
-            return True
-        got, chunks, used, _ = fill_prefill_chunks(self.inst, [r], self.budget, self.free, 1)
-        if not got:
-            return False
-        self.reqs.append(r)
-        self.toks.append(chunks[0])
+        return self.take_all(np.array([r], np.int64)) == 1
+
+    def take_all(self, cands: np.ndarray) -> int:
+        """Offer ``cands`` in order, as ``take`` each until the batch is full; returns how many were taken."""
+        reqs, toks, used, _ = _take(self.inst, cands, self.budget, self.free, self.max_seqs - len(self.reqs),
+                                    True, True)
+        self.reqs += reqs
+        self.toks += toks
         self.free -= used
-        self.budget -= chunks[0]
-        return True
+        self.budget -= sum(toks)
+        return len(reqs)
 
 
 def unstick(inst: Instance, victim_key: Callable[[int], float]) -> Batch | None:

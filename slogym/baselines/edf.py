@@ -39,10 +39,7 @@ class EDFScheduler(TokenBudgetScheduler):
         order = np.argsort(dl, kind="stable")
         b = BatchBuilder(inst, self.token_budget, inst.free_blocks + sum(int(inst.sim.rs.kv_blocks[v])
                                                                          for v in victims), self.max_num_seqs)
-        for j in order.tolist():
-            if b.full:
-                break
-            b.take(int(cands[j]))  # a candidate that does not fit waits; later deadlines may still run
+        b.take_all(cands[order])  # a candidate that does not fit waits; later deadlines may still run
         reqs, toks = b.reqs, b.toks
         if not reqs and not victims:
             return unstick(inst, lambda r: dl_of.get(r, np.inf))

@@ -91,11 +91,9 @@ class PriorityScheduler(TokenBudgetScheduler):
         gone = set(victims)
         b = BatchBuilder(inst, self.token_budget, inst.free_blocks + int(inst.sim.rs.kv_blocks[victims].sum()),
                          self.max_num_seqs)
-        for r in decodes + [r for r in ranked if r not in is_dec]:
-            if b.full:
-                break
-            if r not in gone:
-                b.take(r)  # a candidate that does not fit waits; a later, smaller one may still run
+        # a candidate that does not fit waits; a later, smaller one may still run
+        b.take_all(np.array([r for r in decodes + [r for r in ranked if r not in is_dec] if r not in gone],
+                            dtype=np.int64))
         if not b.reqs and not victims:
             return unstick(inst, rank.__getitem__)
         self.observe(inst, set(b.reqs), now)

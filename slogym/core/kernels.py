@@ -308,3 +308,37 @@ def decode_kv_growth(I: np.ndarray, idx: np.ndarray, block_size: int) -> int:
         if (I[r, I_NC] + block_size) // block_size > I[r, I_KV]:  # ceil((nc + 1) / bs) > held
             total += (I[r, I_NC] + block_size) // block_size - I[r, I_KV]
     return total
+
+
+@njit(**_JIT)
+def take_in_order(I: np.ndarray, cands: np.ndarray, budget: int, free: int, max_seqs: int, block_size: int,
+                  chunked: bool, skip_misfits: bool, reqs: np.ndarray, toks: np.ndarray) -> tuple[int, int, bool]:
+    """The token-budget loop: give ``cands`` in order tokens within ``budget``, ``free`` KV blocks and
+    ``max_seqs`` requests; the rules are :func:`slogym.baselines.common.fill_prefill_chunks`'s. A decode step is
+    a chunk of one token. Writes the batch to ``reqs[:n]``/``toks[:n]``; returns (n, blocks used, repeatable).
+    A candidate that does not fit ends the loop, or with ``skip_misfits`` is passed over."""
+    n = 0
+    used = 0
+    repeatable = False
+    for r in cands:
+        if budget <= 0 or n >= max_seqs:
+            break
+        nc = I[r, I_NC]
+        rem = I[r, I_NT] - nc
+        held = I[r, I_KV]
+        fits = (free - used + held) * block_size - nc
+        if chunked:
+            chunk = min(rem, budget, fits)
+        else:
+            chunk = rem if (rem <= budget or n == 0) and rem <= fits else 0
+        if chunk < 1:
+            if skip_misfits:
+                continue
+            break
+        repeatable = n == 0 and chunk == budget and budget < rem and chunk < fits
+        reqs[n] = r
+        toks[n] = chunk
+        n += 1
+        used += max((nc + chunk + block_size - 1) // block_size - held, 0)
+        budget -= chunk
+    return n, used, repeatable

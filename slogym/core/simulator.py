@@ -318,6 +318,7 @@ class Simulator:
         self.wall_seconds = 0.0
         self._skind = w.stage_kind.astype(np.int64)
         self._is_dec_stage = self._skind == _DECODE
+        self._has_external = bool((self._skind == _EXTERNAL).any())
         # output buffers of the iteration-end kernel (a batch never exceeds the workload)
         self._fin_buf = np.empty(len(w), np.int64)
         self._pre_buf = np.empty(len(w), np.int64)
@@ -922,6 +923,8 @@ class Simulator:
         ones: a victim may need exactly that KV, and FCFS schedulers stop at the first request that does not
         fit and preempt only running requests, so a victim in front of them would be preempted again each
         iteration forever (a livelock once nothing else frees KV, e.g. on a draining instance)."""
+        if not self._has_external:
+            return  # only requests back from a tool call wait with KV
         held = self.rs.kv_blocks[inst.waiting] > 0
         if held.any() and not held[:held.sum()].all():
             inst.waiting[:] = [x for x, h in zip(inst.waiting, held) if h] + \
