@@ -12,13 +12,16 @@ import pytest
 
 import slogym  # noqa: F401  (registers the environments)
 from slogym.baselines import make_policy
-from slogym.baselines.slos_serve import (POLICIES, AdmissionProblem, BatchTimeInverse, DraftModelPerf, IntervalBudget,
+from slogym.baselines.slos_serve import (POLICIES, AdmissionProblem, BatchTimeInverse, IntervalBudget,
                                          allocate_prefill, expected_tokens, solve_admission, speculation_plan,
                                          with_draft_model)
 from slogym.core.batch import BatchFeatures
+from slogym.core.instance import InstanceState, Role
+from slogym.core.policy import Scaler
 from slogym.core.request import Request, Workload, decode, prefill
 from slogym.core.simulator import Simulator
 from slogym.core.state import Outcome
+from slogym.engines.perf_models import RooflinePerf
 from slogym.engines.registry import get_engine
 from slogym.workloads.scenarios import make_workload
 
@@ -192,21 +195,41 @@ def test_admitted_requests_meet_their_slos_under_overload(scenario, rate):
         assert set(df["outcome"]) <= {"finished", "best_effort"}
 
 
-class _CountingDraft(DraftModelPerf):
-    """Counts the iterations that ran draft steps (the simulator times each batch through batch_time_one)."""
+class _CountingRoofline(RooflinePerf):
+    """§3.1.1's roofline (one line: 8 ms fixed, 30 us per token, ``k2`` = 1 ms per draft step) counting the
+    iterations that ran draft steps (the simulator times each batch through batch_time_one)."""
 
     spec_iterations = 0
+
+    def __init__(self) -> None:
+        super().__init__(k1=[3e-5], k2=[1e-3], b=[8e-3])
 
     def batch_time_one(self, f: BatchFeatures) -> float:
         type(self).spec_iterations += int(f.spec_steps > 0)
         return super().batch_time_one(f)
 
 
+ROOFLINE = dataclasses.replace(H100, perf=_CountingRoofline())
+
+
+def test_app_d_speculates_when_longer_batches_raise_throughput():
+    """Under the paper's roofline (throughput grows with the batch) App. D picks sl > 1; the planner's batch time
+    is then TPOT * Acc(sl) > TPOT. Without dynamic batch sizing the batch time is fixed and nothing speculates."""
+    inv = BatchTimeInverse(ROOFLINE, 8192, 3, decode_seqs=40, decode_ctx=40000)
+    pb = speculation_plan(np.array([[40]]), np.array([0.1]), ALPHA, 4, inv)
+    assert pb.sl[0, 0] > 1 and pb.time[0] > 0.1
+    w = make_workload("chatbot", rate=40.0, n_requests=120, seed=2, engine=H100)
+    before = _CountingRoofline.spec_iterations
+    Simulator(w, ROOFLINE, make_policy("slos-serve-no-dbs", ROOFLINE), seed=5, spec_acceptance=0.8).run()
+    assert _CountingRoofline.spec_iterations == before
+
+
 def test_speculative_decoding_token_accounting_is_exact_and_seeded():
     w = make_workload("chatbot", rate=40.0, n_requests=150, seed=2, engine=H100)
-    eng = dataclasses.replace(H100, perf=_CountingDraft(H100.perf, 0.001))
+    eng = ROOFLINE
+    before = _CountingRoofline.spec_iterations
     a = Simulator(w, eng, make_policy("slos-serve", eng), seed=5, spec_acceptance=0.8).run()
-    assert _CountingDraft.spec_iterations > 0, "decodes falling due must be speculated"
+    assert _CountingRoofline.spec_iterations > before, "App. D's speculation lengths must be used"
     rs = a.rs
     assert ((rs.outcome == Outcome.FINISHED) | (rs.outcome == Outcome.BEST_EFFORT)).all()
     assert (rs.generated == w.output_tokens).all()  # accepted drafts never run past a stage's end
@@ -295,3 +318,41 @@ def test_routing_env_expert_is_slos_serve_routing():
         _, _, done, _, info = env.step(a)
     assert {0, 1, 2} <= seen
     assert (env.unwrapped.sim.rs.outcome != Outcome.NONE).all()
+
+
+class _DrainAndSwitch(Scaler):
+    """Drains replica 0, turns replica 1 into a decode-only instance and starts a fourth replica (cold start)."""
+
+    interval = 0.5
+
+    def reset(self, sim) -> None:
+        self.done = False
+
+    def decide(self, sim, now) -> None:
+        if not self.done and now >= 1.0:
+            self.done = True
+            sim.drain_instance(0)
+            sim.switch_role(1, Role.DECODE)
+            sim.add_instance(cold_start=1.0)
+
+
+def test_router_never_sends_to_a_draining_starting_or_decode_instance():
+    w = make_workload("chatbot", rate=40.0, n_requests=300, seed=6, engine=H100)
+    pol = make_policy("slos-serve", H100)
+    pol.scaler = _DrainAndSwitch()
+    seen: list[tuple[int, int, int]] = []  # (instance, state, role) of every placement decision
+    route = pol.router.route
+
+    def checked(req, sim, now):
+        i = route(req, sim, now)
+        if i >= 0:
+            seen.append((i, int(sim.instances[i].state), int(sim.instances[i].role)))
+        return i
+
+    pol.router.route = checked
+    sim = Simulator(w, H100, pol, 3, seed=0).run()
+    assert len({i for i, _, _ in seen}) == 4, "every replica accepting at some point is used"
+    assert all(s == InstanceState.ACTIVE and r == Role.COLOCATED for _, s, r in seen)
+    late = w.arrival > 1.0
+    assert not np.isin(sim.rs.instance[late], [0, 1]).any(), "nothing new after the drain/role switch"
+    assert (sim.rs.outcome != Outcome.NONE).all() and (sim.rs.outcome != Outcome.DROPPED).all()

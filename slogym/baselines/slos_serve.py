@@ -34,7 +34,9 @@ perf-model call over a token grid (:class:`BatchTimeInverse`).
 tightest TPOT (with speculation: App. D's optimum), and the batch is the largest token batch the engine's perf
 model runs within it (``time2bs``); decodes are scheduled earliest-deadline-first only when due (their next
 token's deadline falls before the next batch could end -- Alg. 2's ``schDDL`` queue, with the deadline lines of the
-simulator as ``schDDL``), the rest of the budget is prefill, allocated EDF by prefill deadline.
+simulator as ``schDDL``), the rest of the budget is prefill, allocated EDF by prefill deadline. A batch ends by
+the earliest due token deadline ahead (no decode waits past its line, Alg. 2's once-per-TPOT schedule) and by
+the earliest admitted prefill deadline it can meet (the DP's shorter partial batch).
 
 **SLO-adaptive speculative decoding (§3.2.3, App. D).** ``Acc(sl) = (1 - alpha^sl) / (1 - alpha)`` tokens per
 verification of ``sl`` tokens (``sl = 1`` is plain decoding; the simulator's ``Batch.spec`` is ``sl - 1`` drafts).
@@ -44,7 +46,7 @@ For counts ``n_1..n_L`` the planner enumerates the binding tier ``l*`` and its `
 ``(time2bs(T, max sl - 1) - sum_l n_l * sl_l * T / (TPOT_l * Acc(sl_l))) / T``. The draft model's cost is the perf
 model's ``spec_steps`` term (``k2 * #SpecStep``; :func:`with_draft_model` adds it to presets that lack it).
 SLO tightening: a decode whose next token is already due within the current batch is treated as the tightest
-tier (longest speculation) until it catches up.
+tier (that tier's App. D speculation length, the longest of the plan) until it catches up.
 
 **Burst-resilient best-effort tier (§4.1).** Leftover budget (after admitted decodes and prefills) serves best-
 effort requests, which may only use KV memory not reserved for the admitted requests' future growth; when an
@@ -57,17 +59,28 @@ Reconstructions and deviations (also in ``docs/baselines/slos_serve.md``):
 * Alg. 2 charges a tier-``l`` decode once per ``TPOT_l``; the DP therefore counts ``n_l * t0 / TPOT_l`` decode
   tokens per batch (App. D's formula charges ``n_l * sl_l`` per batch, which equals it for the binding tier).
 * ``Delta = PB*(t, n)`` is ``floor(t / T)`` planned batches plus one shorter batch ending at the deadline (its
-  decode share pro rata; :class:`IntervalBudget`) -- with ``floor`` alone every deadline closer than one batch gets
-  nothing. Execution matches it by ending a batch at the earliest admitted prefill deadline it can meet.
+  decode tokens pro rata, every decode's context read; :class:`IntervalBudget`) -- with ``floor`` alone every
+  deadline closer than one batch gets nothing. Execution matches it by ending a batch at the earliest admitted
+  prefill deadline it can meet. The interval that starts now is the exception when it is shorter than one batch:
+  its one batch holds exactly the running decodes due by then (known from their deadline lines), as formed.
+* With several tiers, a full planned batch reads the context of the decodes it verifies (Alg. 2: a tier-``l``
+  decode once per ``TPOT_l``), a share of the running ones (:data:`SHARES` levels, rounded up).
 * Memory is the full context (prompt + all outputs + drafts) of every accepted request, reserved from admission to
-  finish; an admitted request already late in the model gets the earliest deadline its prefill alone can make.
+  finish. An admitted request already late in the model (its prefill fits neither the next batch nor
+  ``prefill / peak + one TPOT batch``) gets that time as its deadline, so the forced set stays feasible.
 * Alg. 1's invocation thresholds: the DP runs for every arrival (``thresh_new = 0``) because the router needs a
   decision per request (to route it elsewhere, §4.2); the batch plan is refreshed at every iteration. Budget
   accrues from the end of the iteration in flight.
 * Speculation is given to due decodes only (decodes ahead of their deadline line run plain from leftover budget).
 * The planner's ``time2bs`` treats all tokens of a batch as one prefill chunk and every running decode's context as
   read (conservative for context-dependent perf models); the formed batch is then checked against the exact
-  features and shrunk if it would exceed the batch time.
+  features; if it exceeds the batch time its optional tail (best-effort work, decodes not yet due) is cut.
+  Measured alternative not adopted: modeling the batch as chunks of the longest pending prompt (closer to the
+  engine) makes App. D pick ``sl = 2`` (180 ms batches on ChatBot) and lowers capacity (long batches delay the
+  prefills of arrivals whose TTFT SLO, ~110 ms here, is close to one batch).
+* Without dynamic batch sizing (ablation) nothing speculates: SLO-adaptive speculation is the batch-time-adaptive
+  part of batch formation (§3.2.3, "we extend the batch formation technique"), and App. D's optimum at the fixed
+  batch time ``min TPOT`` is ``sl = 1`` for every tier.
 * Requests without a TPOT SLO get a very loose tier (:data:`NO_SLO_TPOT`); requests without a TTFT SLO get a
   deadline ``HORIZON`` seconds out.
 """
@@ -83,8 +96,8 @@ import numpy as np
 
 from slogym.baselines.common import split_running, unstick
 from slogym.core.batch import Batch, BatchFeatures
-from slogym.core.instance import Instance
-from slogym.core.policy import BEST_EFFORT, REJECT, Policy, Router, Scheduler
+from slogym.core.instance import ENTRY_ROLES, Instance
+from slogym.core.policy import BEST_EFFORT, DEFER, REJECT, Policy, Router, Scheduler
 from slogym.core.request import StageKind
 from slogym.core.state import Status
 from slogym.engines.base import EngineSpec, PerfModel
@@ -133,44 +146,64 @@ def expected_tokens(sl: np.ndarray | int, alpha: float) -> np.ndarray:
     return (1.0 - alpha ** np.asarray(sl, np.float64)) / (1.0 - alpha)
 
 
+SHARES = 8
+"""Decode-share levels of :class:`BatchTimeInverse`: a batch holds ``k / SHARES`` of the running decodes."""
+
+
 class BatchTimeInverse:
-    """``time2bs(T, steps)``: the largest token batch the engine runs within ``T`` seconds (Alg. 2 line 7).
+    """``time2bs(T, steps, share)``: the largest token batch the engine runs within ``T`` seconds (Alg. 2 line 7).
 
     One vectorized ``batch_time`` call over a token grid (``step`` tokens apart, up to ``max_tokens``) x draft steps
-    ``0..max_steps``, tabulated on a uniform time grid of ``resolution`` seconds (times round down). The batch
-    is modeled as one prefill chunk of all its tokens (attending to ``past`` earlier
-    tokens) while ``decode_seqs`` running decodes read ``decode_ctx`` KV tokens (conservative: all of them read).
+    ``0..max_steps`` x decode shares ``k / SHARES``, tabulated on a uniform time grid of ``resolution`` seconds
+    (times round down). The batch is modeled as one prefill chunk of all its tokens (attending to ``past``
+    earlier tokens) while ``share`` of the ``decode_seqs`` running decodes read their share of the ``decode_ctx``
+    KV tokens. The share is the fraction of decodes the plan puts in the batch (Alg. 2 schedules a tier-``l``
+    decode once per ``TPOT_l``, so a batch shorter than a TPOT holds only the decodes due in it); it rounds up
+    to the next level (conservative).
     """
 
     def __init__(self, engine: Any, max_tokens: int, max_steps: int, decode_seqs: int = 0, decode_ctx: int = 0,
                  past: int = 0, step: int = 16, resolution: float = 2.5e-4) -> None:
         self.grid = np.arange(0, max_tokens + step, step, dtype=np.int64)
-        g, s = np.meshgrid(self.grid, np.arange(max_steps + 1, dtype=np.int64))
-        x = g.ravel()
+        n_s = max_steps + 1
+        q, s, x = np.meshgrid(np.arange(SHARES + 1), np.arange(n_s, dtype=np.int64), self.grid, indexing="ij")
+        q, s, x = q.ravel(), s.ravel(), x.ravel()
+        seqs, ctx = -(-decode_seqs * q // SHARES), -(-decode_ctx * q // SHARES)  # rounded up
         f = BatchFeatures.build(prefill_tokens=x, prefill_seqs=(x > 0), prefill_attn=x * (x + past),
-                                prefill_sq=x * x, decode_seqs=decode_seqs, decode_ctx=decode_ctx,
-                                kv_tokens=decode_ctx + x + past, spec_steps=s.ravel())
-        t = np.asarray(engine.batch_time(f), np.float64).reshape(g.shape)
+                                prefill_sq=x * x, decode_seqs=seqs, decode_ctx=ctx, kv_tokens=ctx + x + past,
+                                spec_steps=s)
+        t = np.asarray(engine.batch_time(f), np.float64).reshape(-1, self.grid.size)  # rows (share, steps)
         t = np.maximum.accumulate(t, axis=1)  # monotone in tokens, so searchsorted is valid
-        self.peak_rate = float(self.grid[-1] / t[0, -1]) if t[0, -1] > 0 else 1.0
-        """tokens/s of the largest batch (no drafts)"""
-        self.min_time = float(t[0, 1]) if t.shape[1] > 1 else 0.0
-        """time of the smallest non-empty batch on the grid (no drafts)"""
+        full = SHARES * n_s  # row of every decode in the batch, no drafts
+        self.peak_rate = float(self.grid[-1] / t[full, -1]) if t[full, -1] > 0 else 1.0
+        """tokens/s of the largest batch (every decode in it, no drafts)"""
+        self.min_time = float(t[full, 1]) if t.shape[1] > 1 else 0.0
+        """time of the smallest non-empty batch on the grid (every decode in it, no drafts)"""
+        self.alone_time = float(t[0, 1]) if t.shape[1] > 1 else 0.0
+        """time of the smallest non-empty batch on the grid without decodes"""
         # the inverse on a uniform time grid (resolution ``res``, rounded down: conservative), so a lookup is an
         # index computation instead of a search
         self.res = resolution
         n_t = int(math.ceil(float(t.max()) / resolution)) + 2
         tq = np.arange(n_t) * resolution
         cnt = np.stack([np.searchsorted(row, tq, side="right") for row in t])  # grid points within each time
-        self._tcap = np.concatenate(([0], self.grid))[cnt].ravel()   # (steps x n_t) capacities, flattened
+        self._tcap = np.concatenate(([0], self.grid))[cnt].ravel()   # (shares x steps x n_t), flattened
         self._n_t = n_t
+        self.share_stride = n_s * n_t
+        """offset between consecutive decode-share levels in :meth:`lookup`'s table"""
 
-    def __call__(self, T: np.ndarray | float, steps: np.ndarray | int) -> np.ndarray:
-        return self.lookup(np.asarray(T, np.float64), self.offsets(np.asarray(steps, np.int64)))
+    def __call__(self, T: np.ndarray | float, steps: np.ndarray | int, share: np.ndarray | float = 1.0
+                 ) -> np.ndarray:
+        return self.lookup(np.asarray(T, np.float64), self.offsets(np.asarray(steps, np.int64), share))
 
-    def offsets(self, steps: np.ndarray) -> np.ndarray:
-        """Row offsets of ``steps`` draft steps for :meth:`lookup` (precomputed by hot loops)."""
-        return steps * self._n_t
+    def offsets(self, steps: np.ndarray, share: np.ndarray | float = 1.0) -> np.ndarray:
+        """Row offsets of ``steps`` draft steps with ``share`` (0..1) of the decodes, for :meth:`lookup`."""
+        return self.share_offsets(share) + steps * self._n_t
+
+    def share_offsets(self, share: np.ndarray | float) -> np.ndarray:
+        """Row offsets of decode ``share`` (0..1), rounded up to the next level."""
+        level = np.clip(np.ceil(np.asarray(share, np.float64) * SHARES - 1e-9), 0, SHARES).astype(np.int64)
+        return level * self.share_stride
 
     def lookup(self, T: np.ndarray, off: np.ndarray) -> np.ndarray:
         k = np.minimum(T * (1.0 / self.res), self._n_t - 1).astype(np.int64)  # T >= 0; inf -> the last cell
@@ -181,23 +214,26 @@ class BatchTimeInverse:
 @dataclass(frozen=True)
 class PartialBatch:
     """Planned batch shapes (Eq. 3), one per count vector: batch time, prefill budget per batch, decode tokens
-    verified per batch, draft steps, and per-tier tokens verified per decode (1 = no speculation)."""
+    verified per batch, draft steps, per-tier tokens verified per decode (1 = no speculation), and the share of
+    the running decodes verified in a batch (Alg. 2: a tier-``l`` decode once per ``TPOT_l * Acc(sl_l)``)."""
 
     time: np.ndarray    # (G,) seconds; inf where the counts cannot be served
     budget: np.ndarray  # (G,) prefill tokens per batch; -inf where infeasible
     demand: np.ndarray  # (G,) decode tokens per batch
     steps: np.ndarray   # (G,) draft-model steps per batch
     sl: np.ndarray      # (G, L)
+    share: np.ndarray   # (G,) in [0, 1]
 
 
 def speculation_plan(counts: np.ndarray, tpot: np.ndarray, alpha: float, max_sl: int,
-                     time2bs: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> PartialBatch:
+                     time2bs: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]) -> PartialBatch:
     """Per count vector (rows of ``counts``, shape ``(G, L)``) the batch maximizing prefill throughput (App. D).
 
     Candidates: binding tier ``l*`` x ``sl* in 1..max_sl`` gives ``T = TPOT_l* * Acc(sl*)``; every tier ``l`` then
     verifies the smallest ``sl_l`` with ``TPOT_l * Acc(sl_l) >= T`` (closed form), i.e. ``T / (TPOT_l Acc(sl_l))``
     verifications of ``sl_l`` tokens per batch on average (Alg. 2's once-per-TPOT schedule). The draft model runs
     ``max sl_l - 1`` steps over the tiers present. With ``max_sl = 1`` this is Alg. 2: ``T = min TPOT``.
+    ``time2bs`` is given the share of the running decodes that a batch verifies (their context is read).
     """
     counts = np.asarray(counts, np.float64)
     tpot = np.asarray(tpot, np.float64)
@@ -208,28 +244,41 @@ def speculation_plan(counts: np.ndarray, tpot: np.ndarray, alpha: float, max_sl:
     ok_tier = si < max_sl
     si = np.minimum(si, max_sl - 1)
     sl = si + 1
-    rate = sl * need / acc[si]                                                   # verified tokens per batch
+    verif = need / acc[si]                                                       # verifications per batch
+    rate = sl * verif                                                            # verified tokens per batch
     present = counts > 0                                                         # (G, L)
     steps = (present[:, None, :] * (sl - 1)[None]).max(axis=2)                   # (G, C)
     demand = (counts[:, None, :] * rate[None]).sum(axis=2)                       # (G, C)
-    cap = time2bs(np.broadcast_to(Tc, steps.shape), steps)
+    share = (counts[:, None, :] * verif[None]).sum(axis=2) / np.maximum(counts.sum(axis=1), 1.0)[:, None]
+    cap = time2bs(np.broadcast_to(Tc, steps.shape), steps, np.minimum(share, 1.0))
     budget = cap - demand
-    ok = (ok_tier[None] | ~present[:, None, :]).all(axis=2) & (budget >= 0)
+    binding = np.repeat(np.arange(tpot.size), max_sl)                            # (C,) tier l* of each candidate
+    # the binding tier is one of the running decodes' tiers (Alg. 2 line 1); any tier when none runs
+    bound = present[:, binding] | ~present.any(axis=1, keepdims=True)
+    ok = (ok_tier[None] | ~present[:, None, :]).all(axis=2) & (budget >= 0) & bound
     thr = np.where(ok, budget / Tc, -np.inf)
     best = thr.argmax(axis=1)
     rows = np.arange(counts.shape[0])
     feas = ok[rows, best]
     return PartialBatch(np.where(feas, Tc[best], np.inf), np.where(feas, budget[rows, best], -np.inf),
-                        demand[rows, best], steps[rows, best], np.where(feas[:, None], sl[best], 1))
+                        demand[rows, best], steps[rows, best], np.where(feas[:, None], sl[best], 1),
+                        np.minimum(share[rows, best], 1.0))
 
 
 class IntervalBudget:
     """Eq. 2-3's ``PB*(t, n)`` for every count vector of a :class:`PartialBatch` table: the prefill budget of the
     partial batches filling an interval of ``t`` seconds -- ``floor(t / T)`` planned batches plus one shorter
-    batch for the remainder (dynamic batch sizing: the largest batch that ends by the deadline; its decode share
-    pro rata). 0 for count vectors that cannot be served. Tables are precomputed for the DP's inner loop."""
+    batch for the remainder (dynamic batch sizing: the largest batch that ends by the deadline; its decode tokens
+    pro rata, every decode's context read, as Alg. 2 schedules every decode from the interval's start). 0 for
+    count vectors that cannot be served. Tables are precomputed for the DP's inner loop.
 
-    def __init__(self, pb: PartialBatch, time2bs: BatchTimeInverse, shape: tuple[int, ...]) -> None:
+    The interval that starts now (:meth:`first`) knows its decodes: when it is shorter than one batch, that
+    batch holds exactly the running decodes due before the batch after it could end (``due``: their next token
+    deadlines, s from now, sorted; of ``n_run`` running requests) -- the batch :class:`SLOsServeScheduler`
+    forms. ``due=None``: no such knowledge, :meth:`first` is :meth:`__call__`."""
+
+    def __init__(self, pb: PartialBatch, time2bs: BatchTimeInverse, shape: tuple[int, ...],
+                 due: np.ndarray | None = None, n_run: int = 0) -> None:
         self.ok = (pb.budget >= 0).reshape(shape)
         ok = self.ok.ravel()
         self.T = np.where(ok, pb.time, 1.0).reshape(shape)
@@ -237,23 +286,41 @@ class IntervalBudget:
         self.budget = np.where(ok, pb.budget, 0.0).reshape(shape)
         self.rate = np.where(ok, pb.demand / np.where(ok, pb.time, 1.0), 0.0).reshape(shape)
         self.cap_ok = ok.reshape(shape) * 1.0
-        self.off, self.time2bs = time2bs.offsets(pb.steps.reshape(shape)), time2bs
+        self.soff = (pb.steps * time2bs._n_t).reshape(shape)     # draft-step row offsets
+        self.foff = self.soff + SHARES * time2bs.share_stride    # ... with every decode in the batch
+        self.time2bs = time2bs
+        self.due, self.n_run = due, max(int(n_run), 1)
+        self.T_max = float(self.T.max())
 
     def __call__(self, dt: np.ndarray, cnt: Any) -> np.ndarray:
         """Budget over ``dt`` (broadcast against the count vectors selected by ``cnt``: a tuple of slices or
         indices into the table, or an array of flat indices)."""
-        if isinstance(cnt, np.ndarray):
-            return self._budget(dt, *(a.ravel()[cnt] for a in self._tables()))
-        return self._budget(dt, *(a[cnt] for a in self._tables()))
+        return self._budget(dt, *self._select(cnt))
 
-    def _tables(self) -> tuple[np.ndarray, ...]:
-        return self.T, self.inv_T, self.budget, self.rate, self.cap_ok, self.off
+    def first(self, dt: np.ndarray, cnt: Any, full: np.ndarray | None = None) -> np.ndarray:
+        """Budget over the interval from now to ``dt`` (see the class docstring); ``full``: ``self(dt, cnt)``
+        when the caller has it already."""
+        if full is None:
+            full = self(dt, cnt)
+        if self.due is None or float(np.min(dt)) >= self.T_max:  # no interval shorter than a batch
+            return full
+        T, cap_ok, soff = self._select(cnt, (self.T, self.cap_ok, self.soff))
+        n_due = np.searchsorted(self.due, dt + T)   # decodes due before the batch after this one could end
+        part = self.time2bs.lookup(dt, self.time2bs.share_offsets(n_due / self.n_run) + soff) - n_due
+        return np.where(dt < T, np.maximum(part, 0.0) * cap_ok, full)
+
+    def _select(self, cnt: Any, tabs: tuple[np.ndarray, ...] | None = None) -> tuple[np.ndarray, ...]:
+        if tabs is None:
+            tabs = (self.T, self.inv_T, self.budget, self.rate, self.cap_ok, self.foff)
+        if isinstance(cnt, np.ndarray):
+            return tuple(a.ravel()[cnt] for a in tabs)
+        return tuple(a[cnt] for a in tabs)
 
     def _budget(self, dt: np.ndarray, T: np.ndarray, inv_T: np.ndarray, budget: np.ndarray, rate: np.ndarray,
-                cap_ok: np.ndarray, off: np.ndarray) -> np.ndarray:
+                cap_ok: np.ndarray, foff: np.ndarray) -> np.ndarray:
         nb = np.floor(dt * inv_T)
         rem = dt - nb * T
-        part = self.time2bs.lookup(rem, off) - rate * rem
+        part = self.time2bs.lookup(rem, foff) - rate * rem
         return nb * budget + np.maximum(part, 0.0) * cap_ok
 
 
@@ -270,6 +337,8 @@ class AdmissionProblem:
     base      running requests already decoding, per tier (decode load from time 0)
     tpot      TPOT of each tier (s)
     mem_units M, the memory units available to new requests
+    due       next token deadlines (s from now, sorted) of the running decodes; None = unknown
+    n_run     running requests whose context the perf model reads (the share denominator of ``due``)
     """
 
     deadline: np.ndarray
@@ -280,6 +349,8 @@ class AdmissionProblem:
     base: np.ndarray
     tpot: np.ndarray
     mem_units: int
+    due: np.ndarray | None = None
+    n_run: int = 0
 
     def __post_init__(self) -> None:
         n = self.deadline.shape[0]
@@ -339,7 +410,7 @@ def solve_admission(prob: AdmissionProblem, plan: PlanFn, time2bs: BatchTimeInve
     # PB* tables over every reachable count vector: base + forced so far + new accepted
     dims = tuple((F + K + 1).tolist())
     grid = np.indices(dims).reshape(L, -1).T + prob.base
-    delta = IntervalBudget(plan(grid), time2bs, dims)
+    delta = IntervalBudget(plan(grid), time2bs, dims, prob.due, prob.n_run)
     ok_tab = delta.ok
     none = AdmissionPlan(prob.forced.copy(), False, 0.0)
     if not ok_tab[(0,) * L]:
@@ -356,6 +427,7 @@ def solve_admission(prob: AdmissionProblem, plan: PlanFn, time2bs: BatchTimeInve
     flat = np.ravel_multi_index(tuple(fc[:, t].reshape((n,) + (1,) * L) + kg[t][None] for t in range(L)), dims)
     dt_all = np.maximum(d[:, None] - t_at[None, :], 0.0).reshape((n, n + 1) + (1,) * L)
     gains = delta(dt_all, flat[:, None])                # (n, n+1, *kdims)
+    gains[:, 0] = delta.first(dt_all[:, 0], flat, gains[:, 0])  # the interval from now: its decodes are known
     lo_at = [0] * n                    # first allowed predecessor of each position (forced admission)
     fcum_at: list[list[int]] = [[]] * n
     alive = [True] + [False] * n       # positions with any reachable state
@@ -411,6 +483,8 @@ def solve_admission(prob: AdmissionProblem, plan: PlanFn, time2bs: BatchTimeInve
         cnt = tuple(fcum_at[i][t] + k[t] for t in range(L))
         js = np.arange(lo_at[i], i + 1)
         cand = V[(js, m) + tuple(k)] + delta(d[i] - t_at[js], cnt)
+        if js[0] == 0:
+            cand[0] = V[(0, m) + tuple(k)] + delta.first(np.array(d[i]), cnt)
         q = int(js[cand.argmax()])
     out = np.zeros(n, bool)
     out[order] = accepted
@@ -422,7 +496,8 @@ def solve_admission(prob: AdmissionProblem, plan: PlanFn, time2bs: BatchTimeInve
             idx = tuple(c)
             T = float(delta.T[idx]) if ok_tab[idx] else math.inf
             nb = int(math.floor((d[i] - t0) / T)) if math.isfinite(T) else 0
-            rows.append((t0, float(d[i]), T, nb, float(delta(np.array(d[i] - t0), idx))))
+            gain = delta.first if t0 == 0.0 and not rows else delta
+            rows.append((t0, float(d[i]), T, nb, float(gain(np.array(d[i] - t0), idx))))
             t0 = float(d[i])
             c[int(tier[i])] += 1
         return rows
@@ -463,7 +538,8 @@ class SLOsServeConfig:
     route_limit     replicas tried per request before the backup policy (``None`` = all)
     backup          ``"best_effort"`` or ``"reject"`` for requests no replica can guarantee
     admission       False admits everything (ablation: no admission control)
-    dynamic_batch   False fixes the batch time to the tightest TPOT of the workload (ablation, Sarathi-like)
+    dynamic_batch   False fixes the batch time to the tightest TPOT of the workload (ablation, Sarathi-like);
+                    it also turns speculation off (see :class:`SLOsServeState`)
     grid_step       token resolution of ``time2bs``
     """
 
@@ -503,7 +579,9 @@ class SLOsServeState:
         self.sim = sim
         w = sim.w
         self.alpha = sim.spec_acceptance if self.config.alpha is None else self.config.alpha
-        self.max_sl = self.config.max_sl if self.alpha > 0 else 1
+        # speculation is the batch-time-adaptive part of batch formation (§3.2.3): without dynamic batch sizing
+        # the batch time is fixed and App. D's optimum there is sl = 1 for every tier, so nothing speculates
+        self.max_sl = self.config.max_sl if self.alpha > 0 and self.config.dynamic_batch else 1
         self.admitted_on = np.full(len(w), -1, np.int64)
         tp = w.min_tpot
         self.tpot = np.where(np.isfinite(tp), tp, NO_SLO_TPOT)  # tightest-SLO rule (§3.2.1 "Multi-Decode SLOs")
@@ -597,17 +675,17 @@ class Planner:
         ctx = int((rs.num_computed[run] + 1).sum()) if run.size else 0
         past = int(np.mean(w.input_tokens[pos])) if pos.size else 0
         inv = self.time2bs(int(run.size), ctx, past)
-        if pos_f.size:  # an admitted request already late gets the earliest deadline its prefill alone can make
-            f = slice(0, pos_f.size)
-            soonest = prefill[f] / inv.peak_rate + max(inv.min_time, self._base_time(base, tiers_tp))
-            dl[f] = np.where(dl[f] < soonest, soonest, dl[f])
+        due = np.sort(rs.next_deadline(w, dec_f) - origin)
+        if pos_f.size:
+            dl[:pos_f.size] = self._late_deadlines(dl[:pos_f.size], prefill[:pos_f.size], base, tiers_tp, due,
+                                                   int(run.size), inv)
         prob = AdmissionProblem(
             deadline=dl,
             prefill=prefill,
             memory=np.concatenate((np.zeros(pos_f.size, np.int64), mem_new)),
             tier=tier_of(pos).astype(np.int64),
             forced=np.concatenate((np.ones(pos_f.size, bool), np.zeros(new.size, bool))),
-            base=base, tpot=tiers_tp, mem_units=M)
+            base=base, tpot=tiers_tp, mem_units=M, due=due, n_run=int(run.size))
         if st.config.dynamic_batch:
             def plan(g: np.ndarray) -> PartialBatch:
                 return speculation_plan(g, tiers_tp, st.alpha, st.max_sl, inv)
@@ -616,18 +694,34 @@ class Planner:
                 return self._fixed_plan(g, tiers_tp, inv)
         return prob, pos, plan, inv
 
-    def _base_time(self, base: np.ndarray, tiers_tp: np.ndarray) -> float:
-        """Batch time for the decodes running now (Alg. 2 line 1: the tightest TPOT among them)."""
-        return float(tiers_tp[base > 0].min()) if (base > 0).any() else 0.0
+    @staticmethod
+    def _late_deadlines(dl: np.ndarray, prefill: np.ndarray, base: np.ndarray, tiers_tp: np.ndarray,
+                        due: np.ndarray, n_run: int, inv: BatchTimeInverse) -> np.ndarray:
+        """Deadlines of the admitted requests still prefilling, for the DP: an admitted request already late in
+        the model -- its prefill (with the earlier-deadline ones before it) fits neither in the next batch,
+        ending at its deadline with only the decodes due by then, nor before ``prefill / peak + one batch of
+        the running decodes' tightest TPOT`` -- gets that time instead, so the forced set stays feasible."""
+        T0 = float(tiers_tp[base > 0].min()) if (base > 0).any() else 0.0
+        soonest = prefill / inv.peak_rate + max(inv.min_time, T0)
+        if not (dl < soonest).any():
+            return dl
+        order = np.argsort(dl, kind="stable")
+        cum = np.empty_like(dl)
+        cum[order] = np.cumsum(prefill[order])
+        t = np.maximum(dl, 0.0)
+        n_due = np.searchsorted(due, t + T0)
+        fits = (t < T0) & (cum + n_due <= inv(t, 0, n_due / max(n_run, 1)))
+        return np.where((dl < soonest) & ~fits, soonest, dl)
 
     def _fixed_plan(self, g: np.ndarray, tiers_tp: np.ndarray, inv: BatchTimeInverse) -> PartialBatch:
         """Ablation without dynamic batch sizing: every batch takes the workload's tightest TPOT (Sarathi's
         fixed budget, §6 "Baseline") whatever is running; no speculation (a fixed token budget)."""
         t0 = self.state.tightest
         demand = (g * (t0 / tiers_tp)[None]).sum(axis=1)
+        share = np.minimum(demand / np.maximum(g.sum(axis=1), 1), 1.0)
         zero = np.zeros(g.shape[0], np.int64)
-        return PartialBatch(np.full(g.shape[0], t0), float(inv(t0, 0)) - demand, demand, zero,
-                            np.ones(g.shape, np.int64))
+        return PartialBatch(np.full(g.shape[0], t0), inv(np.full(g.shape[0], t0), zero, share) - demand, demand,
+                            zero, np.ones(g.shape, np.int64), share)
 
     def admit(self, new: np.ndarray, now: float) -> np.ndarray:
         """Run the DP for ``new`` requests; record and return which are admitted (Alg. 1 lines 2-3)."""
@@ -669,7 +763,10 @@ class Planner:
 # ================================================================================ router (§4.2) and scheduler
 class SLOsServeRouter(Router):
     """SLO-driven routing (§4.2): round-robin first placement, then sequential re-routing of requests whose SLOs
-    the replica cannot attain, up to ``route_limit`` replicas; then the backup policy (best-effort or decline)."""
+    the replica cannot attain, up to ``route_limit`` replicas; then the backup policy (best-effort or decline).
+
+    Only replicas that accept new requests are candidates (``Simulator.accepting_instances``: ACTIVE, colocated
+    or prefill role) -- a starting, draining or decode-only instance is skipped; with none accepting: DEFER."""
 
     coupled = True  # admission reads every replica's running set
 
@@ -682,16 +779,21 @@ class SLOsServeRouter(Router):
 
     def route(self, req: int, sim: "Simulator", now: float) -> int:
         st = self.state
+        cands = sim.accepting_instances(ENTRY_ROLES)  # ACTIVE colocated/prefill replicas only (Fig. 7)
         prev = int(st.admitted_on[req])
-        if prev >= 0 and sim.rs.status[req] <= Status.QUEUED:  # asked again (an env's expert query)
-            return prev
-        n = len(sim.instances)
+        if prev >= 0 and sim.rs.status[req] <= Status.QUEUED:  # asked again (an env's expert query, a DEFER)
+            if prev in cands:
+                return prev
+            st.admitted_on[req] = -1  # that replica stopped accepting: decide afresh
+        if not cands:  # every replica starting or draining: the simulator offers the request again later
+            return DEFER
+        n = len(cands)
         start = self._next % n
         self._next += 1
         limit = min(st.config.route_limit or n, n)
         new = np.array([req], np.int64)
         for a in range(limit):
-            inst = sim.instances[(start + a) % n]
+            inst = sim.instances[cands[(start + a) % n]]
             if st.planner(inst).admit(new, now)[0]:
                 return inst.id
         return BEST_EFFORT if st.config.backup == "best_effort" else REJECT
@@ -730,26 +832,34 @@ class SLOsServeScheduler(Scheduler):
             counts = np.bincount(np.searchsorted(tiers_tp, st.tpot[a_dec]), minlength=tiers_tp.size)
             past = int(np.mean(w.input_tokens[pend])) if pend.size else 0
             T, sl = pl.batch_plan(counts, tiers_tp, int(dec.size), ctx, past)
-        else:
-            T, sl = math.inf, np.ones(0, np.int64)
-        T_batch = self._align(pl, inst, now, T, a_pre, int(dec.size), ctx)
-        # decodes due before the next batch could end (Alg. 2 lines 8-14), EDF; late ones tightened (§3.2.3)
+        else:  # admitted prefills decode right after: their tightest TPOT bounds the batch (none: best-effort only)
+            T, sl = (float(st.tpot[a_pre].min()) if a_pre.size else math.inf), np.ones(0, np.int64)
         dl = rs.next_deadline(w, a_dec)
         order = np.argsort(dl, kind="stable")
         a_dec, dl, is_dec_stage = a_dec[order], dl[order], is_dec_stage[order]
-        due = dl < now + 2.0 * T
+        T_batch = self._align(pl, inst, now, T, a_pre, dl, int(dec.size), ctx)
+        # decodes due before the next batch could end (Alg. 2 lines 8-14), EDF; late ones tightened (§3.2.3).
+        # The batch ends by the earliest due token deadline still ahead (Alg. 2: no decode waits past its TPOT)
+        due = dl < now + T_batch + T
+        ahead = dl[due] - now
+        ahead = ahead[ahead > 0]
+        if ahead.size and ahead[0] < T_batch:
+            T_batch = float(ahead[0])
+            due = dl < now + T_batch + T
         spec = np.zeros(a_dec.size, np.int64)
         if st.max_sl > 1 and a_dec.size:
             spec = sl[np.searchsorted(tiers_tp, st.tpot[a_dec])] - 1
-            spec = np.where(dl < now + T, st.max_sl - 1, spec)
+            spec = np.where(dl < now + T, sl[0] - 1, spec)  # late: the tightest tier's App. D length
             left = rs.stage_len[a_dec] - rs.gen_in_stage[a_dec] - 1  # drafts past the stage end are wasted
             spec = np.where(is_dec_stage & due, np.clip(spec, 0, np.maximum(left, 0)), 0)
         return self._form(inst, now, T_batch, a_dec[due], spec[due], a_pre, b_dec, b_pre, a_dec[~due], demote)
 
-    def _align(self, pl: Planner, inst: Instance, now: float, T: float, a_pre: np.ndarray, n_dec: int,
-               ctx: int) -> float:
+    def _align(self, pl: Planner, inst: Instance, now: float, T: float, a_pre: np.ndarray, dec_dl: np.ndarray,
+               n_dec: int, ctx: int) -> float:
         """End the batch at the earliest admitted prefill deadline before ``now + T`` whose prefill (with the
-        EDF ones before it) fits in the shortened batch: the DP's partial batch ending at that deadline."""
+        EDF ones before it) fits in the shortened batch: the DP's partial batch ending at that deadline. The
+        shortened batch holds the admitted decodes due before the batch after it could end (``dec_dl``: their
+        next token deadlines, sorted), so only their share of the decodes' context is read."""
         if not a_pre.size or not math.isfinite(T):
             return T
         sim = self.state.sim
@@ -758,7 +868,8 @@ class SLOsServeScheduler(Scheduler):
         slack = rs.next_deadline(sim.w, head) - now
         need = np.cumsum(rs.num_tokens[head] - rs.num_computed[head])
         inv = pl.time2bs(n_dec, ctx, int(np.mean(sim.w.input_tokens[head])))
-        fits = (slack < T) & (slack >= inv.min_time) & (need <= inv(np.maximum(slack, 0.0), 0))
+        n_due = np.searchsorted(dec_dl, now + slack + T)
+        fits = (slack < T) & (slack > 0) & (need + n_due <= inv(np.maximum(slack, 0.0), 0, n_due / max(n_dec, 1)))
         return float(slack[fits.argmax()]) if fits.any() else T
 
     def _admit_placed(self, pl: Planner, inst: Instance, now: float) -> list[int]:
@@ -813,7 +924,9 @@ class SLOsServeScheduler(Scheduler):
     def _fill(self, inst: Instance, T: float, cap: int | None, due: np.ndarray, spec: np.ndarray,
               a_pre: np.ndarray, b_dec: np.ndarray, b_pre: np.ndarray, not_due: np.ndarray, free: int,
               reserve: int) -> tuple[list[int], list[int], list[int]]:
-        """Greedy fill within the token budget; the budget shrinks until the exact batch time is within ``T``."""
+        """Greedy fill within the token budget. When the exact batch time exceeds ``T`` (the budget counts tokens,
+        not the context the optional decodes read), the optional tail (best-effort work, decodes not yet due) is
+        cut to the longest prefix within ``T``; if the guaranteed part alone is too long, the budget shrinks."""
         rs = self.state.sim.rs
         bs = inst.block_size
         budget = cap if cap is not None else self._budget(inst, T, due, spec)
@@ -850,13 +963,22 @@ class SLOsServeScheduler(Scheduler):
                 add_decode(r, int(s), 0)
             for r in a_pre.tolist():
                 add_prefill(r, 0)
+            core = len(reqs)
             for r in b_dec.tolist():
                 add_decode(r, 0, reserve)
             for r in b_pre.tolist():
                 add_prefill(r, reserve)
             for r in not_due.tolist():
                 add_decode(r, 0, 0)
-            if not math.isfinite(T) or not reqs or self._time(inst, reqs, toks, sps) <= T or budget <= len(due):
+            if not math.isfinite(T) or not reqs or self._time(inst, reqs, toks, sps) <= T:
+                return reqs, toks, sps
+            if core < len(reqs) and self._time(inst, reqs[:core], toks[:core], sps[:core]) <= T:
+                lo, hi = core, len(reqs) - 1  # bisect the longest prefix within T (time grows with the prefix)
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    lo, hi = (mid, hi) if self._time(inst, reqs[:mid], toks[:mid], sps[:mid]) <= T else (lo, mid - 1)
+                return reqs[:lo], toks[:lo], sps[:lo]
+            if budget <= len(due):
                 return reqs, toks, sps
             budget = max(int(budget * 0.9), len(due))
         return reqs, toks, sps
