@@ -7,7 +7,10 @@ import pytest
 
 pytest.importorskip("quantile_forest")
 
+from slogym.baselines.common import split_running  # noqa: E402
 from slogym.baselines.tempo import POLICIES, TempoScheduler  # noqa: E402
+from slogym.core.batch import Batch  # noqa: E402
+from slogym.core.instance import Instance  # noqa: E402
 from slogym.core.policy import Policy  # noqa: E402
 from slogym.core.request import Request, Workload, decode, prefill  # noqa: E402
 from slogym.core.simulator import Simulator  # noqa: E402
@@ -133,15 +136,13 @@ def test_reserve_prevents_starvation_of_slo_insensitive_requests(history: Worklo
 
 def test_running_decodes_go_first_every_iteration(history: Workload) -> None:
     # vLLM's chunked-prefill substrate (§5): LSDF orders admission and eviction, never skips a running decode
-    from slogym.baselines.common import split_running
-
     w = make_workload("tempo-mix", rate=30.0, n_requests=80, seed=4, engine=ENGINE)
     pol = POLICIES["tempo"](ENGINE, history=history)
     sched = pol.scheduler
     inner = sched.next_batch
     checked = []
 
-    def checking(inst, now):
+    def checking(inst: Instance, now: float) -> Batch | None:
         dec = set(split_running(inst)[0].tolist())
         b = inner(inst, now)
         if b is not None:
