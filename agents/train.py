@@ -8,10 +8,11 @@ Overrides are ``dotted.key=value`` (values parsed as YAML), e.g. ``env_kwargs.ra
 Steps: (1) config; (2) environments -- training episodes come from ``split="train"`` windows, evaluation from
 the held-out ``split="test"`` windows; (3) the model (SB3 ``PPO`` for Box actions, ``MaskablePPO`` for discrete
 ones) on the flattened observation -- an MLP, or with a ``slots`` block the slot-equivariant network of
-``slogym.agents.nets`` (one shared scorer per candidate / instance); (4) optional behaviour cloning from the env's ``expert_action``:
-cross-entropy (discrete) or squared error of the mean action (Box), plus a value-head fit to the expert's
-discounted returns; (5) PPO fine-tuning; (6) model selection on *training-split* validation windows (the
-BC-only weights are kept if fine-tuning made them worse); (7) evaluation on test windows and saving.
+``slogym.agents.nets`` (one shared scorer per candidate / instance); (4) optional behaviour cloning from the
+env's ``expert_action``: cross-entropy (discrete) or squared error of the mean action (Box), plus a value-head
+fit to the expert's discounted returns; (5) PPO fine-tuning; (6) model selection on *training-split*
+validation windows (the BC-only weights are kept if fine-tuning made them worse); (7) evaluation on test
+windows and saving.
 Everything runs on one CPU thread; the metadata records wall and CPU seconds (they differ on a shared machine).
 """
 
@@ -82,9 +83,9 @@ def expert_rollouts(env: gym.Env, expert: str | None, steps: int, gamma: float, 
     budget level is raised to at least that many tokens (the expert's level is its batch's exact token count,
     so a slightly low imitation would cut members out of the batch). With ``deadline_scores`` (expert EDF)
     every candidate's target is EDF's own priority key instead of its rank in the batch:
-    :func:`edf_priority` of its next deadline's slack (an observed feature); in score order within the budget this forms EDF's batch (same metrics as native
-    EDF on the validation windows checked), while rank targets depend on every other candidate and a
-    per-candidate scorer fits them only approximately."""
+    :func:`edf_priority` of its next deadline's slack (an observed feature); in score order within the budget
+    this forms EDF's batch (same metrics as native EDF on the validation windows checked), while rank targets
+    depend on every other candidate and a per-candidate scorer fits them only approximately."""
     raw = env.unwrapped
     obs_l, act_l, mask_l, rew_l, done_l = [], [], [], [], []
     obs, _ = env.reset(seed=seed)
@@ -114,12 +115,13 @@ def expert_rollouts(env: gym.Env, expert: str | None, steps: int, gamma: float, 
 
 
 def behaviour_clone(model: Any, data: dict[str, np.ndarray], epochs: int, batch_size: int, lr: float,
-                    seed: int, last_weight: float = 1.0) -> list[float]:
+                    seed: int, last_weight: float = 1.0, lr_decay: bool = False) -> list[float]:
     """Fit the policy to the expert -- cross-entropy of its action for discrete actions, squared error of the
     Gaussian mean for Box actions (the exploration std is left to PPO; the last action entry's error weighs
     ``last_weight``: Batching-v0's budget level, where 0.01 is ~160 tokens) -- and the value head to the
-    expert's returns (scaled by their mean magnitude). Adam's learning rate decays linearly to 0 over the epochs.
-    Returns the mean loss per epoch."""
+    expert's returns (scaled by their mean magnitude). With ``lr_decay`` Adam's learning rate decays linearly to 0
+    over the epochs (a constant rate leaves the outputs jittering by about the rate). Returns the mean loss per
+    epoch."""
     pol = model.policy
     opt = torch.optim.Adam(pol.parameters(), lr=lr)
     obs, act = torch.as_tensor(data["obs"]), torch.as_tensor(data["act"])
@@ -133,8 +135,8 @@ def behaviour_clone(model: Any, data: dict[str, np.ndarray], epochs: int, batch_
     losses = []
     pol.set_training_mode(True)
     for epoch in range(epochs):
-        for g in opt.param_groups:  # linear decay to 0: Adam's step noise would otherwise stay at ~lr
-            g["lr"] = lr * (1.0 - epoch / epochs)
+        for g in opt.param_groups:
+            g["lr"] = lr * (1.0 - epoch / epochs) if lr_decay else lr
         perm, total = rng.permutation(len(obs)), 0.0
         for lo in range(0, len(obs), batch_size):
             b = perm[lo:lo + batch_size]
@@ -203,8 +205,10 @@ def main() -> None:
         bc_log |= {"expert": bc.get("expert") or cfg["env_kwargs"]["policy"], "epochs": bc["epochs"],
                    "min_budget": bc.get("min_budget"), "deadline_scores": bool(bc.get("deadline_scores")),
                    "last_weight": bc.get("last_weight", 1.0),
+                   "lr_decay": bool(bc.get("lr_decay")),
                    "losses": behaviour_clone(model, data, int(bc["epochs"]), int(bc["batch_size"]),
-                                             float(bc["learning_rate"]), seed, float(bc.get("last_weight", 1.0)))}
+                                             float(bc["learning_rate"]), seed, float(bc.get("last_weight", 1.0)),
+                                             bool(bc.get("lr_decay")))}
         print(f"BC: {bc_log['steps']} expert steps, loss {bc_log['losses'][0]:.3f} -> {bc_log['losses'][-1]:.3f}")
 
     # 5. PPO fine-tuning

@@ -68,12 +68,11 @@ def _slot_model(env_id: str, kw: dict, items: list[str], mask: str | None):
 def test_slot_layout_matches_flatten() -> None:
     env = gym.make("slogym/Routing-v0", n_instances=3, **SMALL).unwrapped
     obs, _ = env.reset(seed=0)
-    layout = slot_layout(env.observation_space, ["instances", "slack"], None, 1)
+    layout = slot_layout(env.observation_space, ["instances", "placed_since", "slack"], None, 1)
     flat = gym.spaces.flatten(env.observation_space, obs)
-    (o_inst, w_inst), (o_slack, w_slack) = layout["items"]
-    assert layout["n_slots"] == 3 and (w_inst, w_slack) == (obs["instances"].shape[1], obs["slack"].shape[1])
-    np.testing.assert_array_equal(flat[o_inst:o_inst + 3 * w_inst].reshape(3, -1), obs["instances"])
-    np.testing.assert_array_equal(flat[o_slack:o_slack + 3 * w_slack].reshape(3, -1), obs["slack"])
+    assert layout["n_slots"] == 3 and [w for _, w in layout["items"]] == [5, 1, env.n_tiers]
+    for (o, w), key in zip(layout["items"], ("instances", "placed_since", "slack")):
+        np.testing.assert_array_equal(flat[o:o + 3 * w].reshape(3, w), obs[key].reshape(3, w))
     ctx = np.concatenate([flat[o:o + n] for o, n in layout["context"]])
     assert ctx.size == sum(obs[k].size for k in ("app", "recent", "request", "tier"))
     with pytest.raises(ValueError, match="slots"):
@@ -82,7 +81,7 @@ def test_slot_layout_matches_flatten() -> None:
 
 @pytest.mark.parametrize("env_id, kw, items, mask", [
     ("slogym/Batching-v0", {"rate_scale": 0.6, "K": 8}, ["candidates", "valid"], "valid"),
-    ("slogym/Routing-v0", {"rate_scale": 4.0, "n_instances": 4}, ["instances", "slack"], None),
+    ("slogym/Routing-v0", {"rate_scale": 4.0, "n_instances": 4}, ["instances", "placed_since", "slack"], None),
 ])
 def test_slot_policy_is_equivariant_learns_and_reloads(env_id: str, kw: dict, items: list[str], mask: str | None,
                                                       tmp_path: Path) -> None:
@@ -125,6 +124,16 @@ def test_edf_priority_scores_reproduce_edf() -> None:
         evaluate(lambda i: make_policy("edf", env.engine), env, wins)
     assert train.edf_priority(np.array([-1.0, 0.05, 2.0])).tolist() == sorted(
         train.edf_priority(np.array([-1.0, 0.05, 2.0])).tolist(), reverse=True)
+
+
+def test_round_robin_is_expressible_through_placed_since() -> None:
+    """Routing-v0's placed_since feature: placing on its largest entry (ties: lowest index) is round-robin,
+    the expert the routing agent imitates; same metrics as the native router."""
+    env, wins = windows("slogym/Routing-v0", {"rate_scale": 4.0, "n_instances": 3, "policy": "round-robin",
+                                              **SMALL}, [0, 1])
+    lru = evaluate(lambda i: agents.env_policy("lru", env, lambda o: int(np.argmax(o["placed_since"]))), env, wins)
+    assert lru == evaluate(lambda i: make_policy("round-robin", env.engine), env, wins)
+    assert lru != evaluate(lambda i: agents.env_policy("first", env, lambda o: 0), env, wins)
 
 
 def test_available_and_unknown() -> None:

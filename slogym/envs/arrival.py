@@ -17,6 +17,9 @@ key            shape                   features
 ``recent``     (2,)                    EWMA (0.95) of recent SLO outcomes, fraction of the episode done
 =============  ======================  ===========================================================================
 
+Routing-v0 adds ``placed_since`` (n_instances,): requests placed on other instances since the last placement on
+this one, / n_instances (round-robin places on the largest).
+
 Unbounded values (a TTFT SLO of ``inf``) appear as the clip value 10.
 """
 
@@ -30,7 +33,7 @@ from gymnasium import spaces
 from slogym.core.instance import ENTRY_ROLES
 from slogym.core.policy import BEST_EFFORT, DEFER, REJECT
 from slogym.core.simulator import Simulator
-from slogym.envs.base import ServingEnv
+from slogym.envs.base import CLIP, ServingEnv, _box
 
 
 class ArrivalEnv(ServingEnv):
@@ -113,11 +116,29 @@ class RoutingEnv(ArrivalEnv):
     cluster (``pd=``), the decode instances (they receive requests only by KV transfer).
     Baselines expressible (``expert_action()``): round-robin, random, least-load (the ``policy=`` names of
     the same routers), and later PolyServe, SLOs-Serve sequential routing, HyperFlexis' dispatcher.
+
+    Its observation adds ``placed_since`` (see the module table): how many requests went elsewhere since each
+    instance last received one. Load features alone cannot express round-robin (its counter is hidden), the
+    strongest router on identical replicas; with this feature it is "the instance with the largest value".
     """
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self.action_space = spaces.Discrete(self.n_instances + 1)
+        self.observation_space = spaces.Dict(self.observation_space.spaces | {
+            "placed_since": _box(self.n_instances, low=0.0, high=CLIP)})
+        self._since = np.zeros(self.n_instances, np.float32)
+
+    def _configure(self, sim: Simulator) -> None:
+        super()._configure(sim)
+        self._since = np.zeros(self.n_instances, np.float32)
+
+    def attach(self, sim: Simulator) -> None:
+        super().attach(sim)
+        self._since = np.zeros(self.n_instances, np.float32)
+
+    def _observe(self) -> dict[str, np.ndarray]:
+        return super()._observe() | {"placed_since": np.minimum(self._since / self.n_instances, CLIP)}
 
     def action_masks(self) -> np.ndarray:
         entry = np.zeros(len(self.sim.instances), bool)
@@ -135,4 +156,8 @@ class RoutingEnv(ArrivalEnv):
         if not self.action_masks()[a]:
             raise ValueError(f"action {a} is masked out for request {self._msg[1]}: instance {a} can never "
                              f"hold it or does not take new requests (a decode instance)")
-        return DEFER if a == self.n_instances else a
+        if a == self.n_instances:
+            return DEFER
+        self._since += 1.0
+        self._since[a] = 0.0
+        return a
