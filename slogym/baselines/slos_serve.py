@@ -187,7 +187,8 @@ class BatchTimeInverse:
         n_t = int(math.ceil(float(t.max()) / resolution)) + 2
         tq = np.arange(n_t) * resolution
         cnt = np.stack([np.searchsorted(row, tq, side="right") for row in t])  # grid points within each time
-        self._tcap = np.concatenate(([0], self.grid))[cnt].ravel()   # (shares x steps x n_t), flattened
+        # (shares x steps x n_t) capacities, flattened; int32 keeps the gathers of the DP in cache
+        self._tcap = np.concatenate(([0], self.grid))[cnt].ravel().astype(np.int32)
         self._n_t = n_t
         self.share_stride = n_s * n_t
         """offset between consecutive decode-share levels in :meth:`lookup`'s table"""
@@ -250,7 +251,8 @@ def speculation_plan(counts: np.ndarray, tpot: np.ndarray, alpha: float, max_sl:
     steps = (present[:, None, :] * (sl - 1)[None]).max(axis=2)                   # (G, C)
     demand = (counts[:, None, :] * rate[None]).sum(axis=2)                       # (G, C)
     share = (counts[:, None, :] * verif[None]).sum(axis=2) / np.maximum(counts.sum(axis=1), 1.0)[:, None]
-    cap = time2bs(np.broadcast_to(Tc, steps.shape), steps, np.minimum(share, 1.0))
+    share = np.minimum(share, 1.0)
+    cap = time2bs(np.broadcast_to(Tc, steps.shape), steps, share)
     budget = cap - demand
     binding = np.repeat(np.arange(tpot.size), max_sl)                            # (C,) tier l* of each candidate
     # the binding tier is one of the running decodes' tiers (Alg. 2 line 1); any tier when none runs
@@ -262,7 +264,7 @@ def speculation_plan(counts: np.ndarray, tpot: np.ndarray, alpha: float, max_sl:
     feas = ok[rows, best]
     return PartialBatch(np.where(feas, Tc[best], np.inf), np.where(feas, budget[rows, best], -np.inf),
                         demand[rows, best], steps[rows, best], np.where(feas[:, None], sl[best], 1),
-                        np.minimum(share[rows, best], 1.0))
+                        share[rows, best])
 
 
 class IntervalBudget:
@@ -427,7 +429,9 @@ def solve_admission(prob: AdmissionProblem, plan: PlanFn, time2bs: BatchTimeInve
     flat = np.ravel_multi_index(tuple(fc[:, t].reshape((n,) + (1,) * L) + kg[t][None] for t in range(L)), dims)
     dt_all = np.maximum(d[:, None] - t_at[None, :], 0.0).reshape((n, n + 1) + (1,) * L)
     gains = delta(dt_all, flat[:, None])                # (n, n+1, *kdims)
-    gains[:, 0] = delta.first(dt_all[:, 0], flat, gains[:, 0])  # the interval from now: its decodes are known
+    near = np.flatnonzero(d < delta.T_max)              # the interval from now is shorter than a batch: its
+    if near.size:                                       # decodes are known
+        gains[near, 0] = delta.first(dt_all[near, 0], flat[near], gains[near, 0])
     lo_at = [0] * n                    # first allowed predecessor of each position (forced admission)
     fcum_at: list[list[int]] = [[]] * n
     alive = [True] + [False] * n       # positions with any reachable state
