@@ -10,6 +10,7 @@ import pytest
 from slogym.baselines import make_policy
 from slogym.baselines.sa import (POLICIES, AnnealConfig, PlanProblem, _compositions, _propose, anneal, build_problem,
                                  exhaustive)
+from slogym.baselines.sa_kernels import propose, score_plans
 from slogym.core.request import Request, Workload, decode, prefill
 from slogym.core.simulator import Simulator
 from slogym.engines.registry import get_engine
@@ -65,18 +66,48 @@ def _direct_objective(p: PlanProblem, g: np.ndarray) -> float:
     return met / lat
 
 
+def _random_plans(n: int, bmax: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """``k`` random plans with at most ``bmax`` requests per batch (a permutation at ``bmax = 1``)."""
+    plans = []
+    while len(plans) < k:
+        g = rng.permutation(n) if bmax == 1 else rng.integers(0, n, n)
+        if np.bincount(g).max() <= bmax:
+            plans.append(g)
+    return np.array(plans)
+
+
 @pytest.mark.parametrize("bmax", [1, 3])
 def test_vectorized_objective_matches_direct(bmax):
     n, rng = 6, np.random.default_rng(bmax)
     p = _random_problem(n, bmax, 5)
     p = PlanProblem(p.exec_time, p.first_time, p.tpot_ok, p.e2e_budget, p.ttft_budget,
                     rng.random(n), p.arrival)   # nonzero offsets count in every latency
-    plans = []
-    while len(plans) < 40:   # random plans with at most bmax requests per batch (a permutation at bmax = 1)
-        g = rng.permutation(n) if bmax == 1 else rng.integers(0, n, n)
-        if np.bincount(g).max() <= bmax:
-            plans.append(g)
-    np.testing.assert_allclose(p.objective(np.array(plans)), [_direct_objective(p, g) for g in plans])
+    plans = _random_plans(n, bmax, 40, rng)
+    np.testing.assert_allclose(p.objective(plans), [_direct_objective(p, g) for g in plans])
+
+
+@pytest.mark.parametrize("n,bmax", [(6, 1), (10, 1), (7, 3), (12, 4)])
+def test_compiled_objective_matches_numpy(n, bmax):
+    # the search's compiled G (sequential sums) against the vectorized NumPy reference (BLAS sums)
+    rng = np.random.default_rng(n * bmax)
+    p = _random_problem(n, bmax, n)
+    plans = _random_plans(n, bmax, 200, rng)
+    met, lat, _ = p.score(plans)
+    met_c, lat_c = score_plans(plans, p.exec_time, p.latest_start)
+    assert met.min() < met.max()   # the plans differ in the SLOs they meet: both outcomes are compared
+    np.testing.assert_array_equal(met_c, met)
+    np.testing.assert_allclose(lat_c + p._offset_sum, lat, rtol=1e-12)
+
+
+@pytest.mark.parametrize("n,bmax", [(6, 1), (7, 2), (9, 4)])
+def test_compiled_moves_match_numpy(n, bmax):
+    rng = np.random.default_rng(bmax)
+    p = _random_problem(n, bmax, 1)
+    cur = _random_plans(n, bmax, 300, rng)
+    kind, r, r2 = rng.integers(0, 3, 300), rng.integers(0, n, 300), rng.integers(0, n, 300)
+    expected = _propose(cur, p.score(cur)[2], bmax, kind, r, r2)
+    assert (expected != cur).any(axis=1).sum() > 50   # many moves change their plan (at bmax = 1 only swaps)
+    np.testing.assert_array_equal(propose(cur, bmax, kind, r, r2), expected)
 
 
 def _canonical(g: np.ndarray) -> tuple[frozenset[int], ...]:

@@ -1,11 +1,14 @@
 """SA plan-search overhead for 10 requests (Huang et al. 2025 Table 1: 0.48 ms at B_max = 1; exhaustive 287 s).
 
 For seeded 10-request ``sa-mix``-like problems (the paper's SLOs: code e2e 30 s, chat TTFT 10 s / TPOT 50 ms),
-prints the median time of :func:`slogym.baselines.sa.anneal` per population size ``L`` (the paper's default 500 and
-smaller ones), as CPU time of this thread (robust to other processes on a shared machine) and wall time, and its
-``G`` against the exhaustive optimum. References measured in the same run: the paper-literal sequential annealing
-(one move at a time, Metropolis per move, the same ``L`` x 32 evaluations) and the exhaustive search (N = 10,
-B_max = 1: 10! plans; ``--n-exh`` lowers it on a slow machine). Run on one quiet core: ``taskset -c 1 nice ...``.
+prints the median time of :func:`slogym.baselines.sa.anneal` (its levels run in one compiled Numba call; the first
+call, which loads or compiles it, is not timed) per population size ``L`` (the paper's default 500 and smaller
+ones), as CPU time of this thread (robust to other processes on a shared machine) and wall time, and its ``G``
+against the exhaustive optimum. References measured in the same run: the paper-literal sequential annealing in
+Python (one move at a time, Metropolis per move, the same ``L`` x 32 evaluations, NumPy moves and objective) and
+the exhaustive search (N = 10, B_max = 1: 10! plans; ``--n-exh`` lowers it on a slow machine). A breakdown line
+splits the default search into its compiled loop and the rest (start solutions, random draws). Run on one quiet
+core: ``taskset -c 1 nice ...``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Callable
 
 import numpy as np
 
+from slogym.baselines import sa
 from slogym.baselines.sa import AnnealConfig, PlanProblem, _propose, anneal, build_problem, exhaustive
 from slogym.engines.registry import get_engine
 
@@ -81,6 +85,7 @@ def main() -> None:
     print(f"sequential SA (paper-literal, L=500 x 32 levels one move at a time): median {seq_cpu * 1e3:.1f} ms CPU")
     for bmax in (1, 4):
         pb = problem(10, bmax, 0)
+        anneal(pb, np.random.default_rng(0))   # load (or compile) the compiled loop: not part of a search's cost
         for size in args.sizes:
             cfg = AnnealConfig(iters=size)
             seeds = iter(range(10 ** 6))
@@ -92,6 +97,27 @@ def main() -> None:
                 line += (f"; ratio sequential/SA = {seq_cpu / cpu:.1f}x, exhaustive/SA = {ex / cpu:.0f}x" +
                          (f"; G within {max(gaps):.2%} of exhaustive (worst of 10 seeds)" if args.n_exh == 10 else ""))
             print(line)
+    print(breakdown(p, args.reps))
+
+
+def breakdown(p: PlanProblem, reps: int) -> str:
+    """Median CPU time of the compiled loop inside the default search vs the whole search (same calls)."""
+    loop: list[float] = []
+
+    def timed_loop(*a: object) -> object:
+        c = time.thread_time()
+        out = kernel(*a)
+        loop.append(time.thread_time() - c)
+        return out
+
+    kernel, sa.anneal_population = sa.anneal_population, timed_loop
+    try:
+        seeds = iter(range(10 ** 6))
+        total, _ = timed(lambda: anneal(p, np.random.default_rng(next(seeds))), reps)
+    finally:
+        sa.anneal_population = kernel
+    return (f"breakdown, N=10, B_max=1, L=500: compiled loop median {np.median(loop) * 1e3:.3f} ms CPU of "
+            f"{total * 1e3:.3f} ms (the rest: start solutions, random draws, call overhead)")
 
 
 if __name__ == "__main__":

@@ -41,11 +41,11 @@ hence ``L = 500`` moves per temperature level (``iters``): 32 levels, 16,000 eva
 Deviations, all documented in ``docs/baselines/sa.md``:
 
 * Parallel moves (population annealing, Hukushima & Iba 2003): the ``L`` moves of a level are made by ``L`` plans
-  in parallel, one Metropolis move each, evaluated in one NumPy call, instead of one after another by a single
-  plan; between levels the population is resampled by each plan's Boltzmann-weight change, so it concentrates
-  where a single chain cooling to the next temperature would be. Same budget (``L`` x levels evaluated moves),
-  32 sequential steps instead of 16,000 (a sequential Python loop of 16,000 evaluations costs ~0.5 s). The best
-  plan ever seen is returned.
+  in parallel, one Metropolis move each, instead of one after another by a single plan; between levels the
+  population is resampled by each plan's Boltzmann-weight change, so it concentrates where a single chain cooling
+  to the next temperature would be. Same budget (``L`` x levels evaluated moves). The best plan ever seen is
+  returned. The loop is compiled (:mod:`slogym.baselines.sa_kernels`, Numba); :meth:`PlanProblem.score` and
+  :func:`_propose` are its vectorized NumPy references (and score the start solutions and the exhaustive search).
 * Population cap: at most ``max_entries // N`` plans per level (:class:`AnnealConfig`), so replans of hundreds of
   queued requests in overloaded simulations stay cheap; ``L = 500`` holds up to N = 16.
 * Temperature units: ``G`` has units of 1/s, so the paper's temperatures only make sense on a normalized scale; the
@@ -73,6 +73,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import numpy as np
 
 from slogym.baselines.common import batch_of, fill_prefill_chunks, make_room_for_decodes, split_running, unstick
+from slogym.baselines.sa_kernels import anneal_population
 from slogym.core.batch import Batch, BatchFeatures
 from slogym.core.instance import Instance
 from slogym.core.policy import Policy, Router, Scheduler
@@ -255,7 +256,8 @@ class AnnealConfig:
 
 def _propose(cur: np.ndarray, size: np.ndarray | None, bmax: int, kind: np.ndarray, r: np.ndarray,
              r2: np.ndarray) -> np.ndarray:
-    """One move per plan in ``cur`` (K, N) (§4.3): ``kind`` 0 = squeeze request ``r`` into the previous batch (not
+    """One move per plan in ``cur`` (K, N) (§4.3), vectorized: the reference the compiled search's moves are tested
+    against (``sa_kernels.propose``). ``kind`` 0 = squeeze request ``r`` into the previous batch (not
     from the first, and only if that batch has room), 1 = delay it into the next batch (if that has room), 2 = swap
     ``r`` and ``r2``. ``size`` (K, N) is each plan's batch sizes (``None`` at ``B_max = 1``: every batch is full,
     so only swaps move). An infeasible move leaves its plan unchanged."""
@@ -285,48 +287,29 @@ def anneal(p: PlanProblem, rng: np.random.Generator, cfg: AnnealConfig = AnnealC
     the Metropolis rule (always if ``G`` does not drop, else with probability ``exp(dG / T)``, ``dG`` in percent
     of the start's ``G``); between levels the population is resampled in proportion to each plan's Boltzmann
     factor change ``exp((1/T' - 1/T) G)`` so it concentrates where a single chain at ``T'`` would spend its time.
-    Returns the best plan ``g`` (N,) ever seen and its ``G``.
+    Returns the best plan ``g`` (N,) ever seen and its ``G``. The levels run in one compiled call
+    (:func:`~slogym.baselines.sa_kernels.anneal_population`) on draws made here, so ``rng`` alone fixes the result.
     """
     n = p.n
     starts = np.concatenate([p.fill(np.lexsort((np.arange(n), p.arrival))),
                              p.fill(np.argsort(p.exec_time[-1], kind="stable"))])
-    met, lat, size = p.score(starts)
+    met, lat, _ = p.score(starts)
     g_start = met / lat
     if met[1] == n and p.max_batch == 1:   # shortest-first meets every SLO: optimal (§4.3; see module doc)
         return starts[1], float(g_start[1])
     if n == 1:   # a single request has a single plan: nothing to search
         return starts[0], float(g_start[0])
     j = int(np.argmax(g_start))
-    best, g_best = starts[j], float(g_start[j])
+    g_best = float(g_start[j])
     scale = 100.0 / max(g_best, 1.0 / float(lat[j]))   # dG in percent of the start's G
     temps = cfg.temperatures()
     m = cfg.population(n)
-    shape = (len(temps), m)   # every random draw of the search at once: one generator call per kind
-    kinds, rs, rs2 = rng.integers(0, 3, shape), rng.integers(0, n, shape), rng.integers(0, n, shape)
-    log_u = np.log(rng.random(shape))   # Metropolis: accept iff dG * scale / T >= log(u)
-    u0 = rng.random(len(temps))
-    cur, g_cur = np.repeat(starts[j:j + 1], m, axis=0), np.full(m, g_best)
-    sizes = None if size is None else np.repeat(size[j:j + 1], m, axis=0)
-    spread = (np.arange(m) + u0[:, None]) / m   # systematic resampling positions, one row per level
-    for lvl, t in enumerate(temps):
-        if lvl:   # reweight by exp((1/T - 1/T_prev) * G) and resample (systematic)
-            w = np.exp((1.0 / t - 1.0 / temps[lvl - 1]) * scale * (g_cur - g_best))
-            keep = np.minimum(np.searchsorted(np.cumsum(w), spread[lvl] * w.sum()), m - 1)
-            cur, g_cur = cur[keep], g_cur[keep]
-            sizes = None if sizes is None else sizes[keep]
-        props = _propose(cur, sizes, p.max_batch, kinds[lvl], rs[lvl], rs2[lvl])
-        met, lat, size = p.score(props)
-        gp = met / lat
-        reject = (gp - g_cur) * (scale / t) < log_u[lvl]
-        props[reject], gp[reject] = cur[reject], g_cur[reject]   # most moves are accepted: copy the rejected back
-        cur, g_cur = props, gp
-        if sizes is not None:
-            size[reject] = sizes[reject]
-            sizes = size
-        i = int(np.argmax(g_cur))
-        if g_cur[i] > g_best:
-            best, g_best = cur[i].copy(), float(g_cur[i])
-    return best, g_best
+    # every random draw of the search at once: per move one uniform for Metropolis (accept iff dG * scale / T >=
+    # log u) and one for the move; per level one for the resampling offset
+    u, u0 = rng.random((2, len(temps), m)), rng.random(len(temps))
+    best, g_best = anneal_population(starts[j], g_best, p.exec_time, p.latest_start, p._offset_sum,
+                                     np.array(temps), scale, np.log(u[0]), u[1], u0)
+    return best, float(g_best)
 
 
 def _compositions(n: int, bmax: int) -> Iterator[list[int]]:
