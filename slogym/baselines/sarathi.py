@@ -34,9 +34,12 @@ class SarathiScheduler(TokenBudgetScheduler):
             if victims:
                 pre = np.array([r for r in pre.tolist() if r not in victims], dtype=np.int64)
         budget = self.token_budget - dec.size
-        # lazily: the budget runs out after a few candidates, the waiting queue may be long
-        cands = chain(pre.tolist(), (r for r in inst.waiting if r not in victims) if victims else inst.waiting)
-        reqs, toks, _, repeatable = fill_prefill_chunks(inst, cands, budget, free, self.max_num_seqs - dec.size)
+        reqs: list[int] = []
+        repeatable = False
+        if pre.size or inst.waiting:
+            # lazily: the budget runs out after a few candidates, the waiting queue may be long
+            cands = chain(pre.tolist(), (r for r in inst.waiting if r not in victims) if victims else inst.waiting)
+            reqs, toks, _, repeatable = fill_prefill_chunks(inst, cands, budget, free, self.max_num_seqs - dec.size)
         if not reqs:
             if not dec.size and not victims:
                 return unstick(inst, lambda r: arrival[r])

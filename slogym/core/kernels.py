@@ -45,6 +45,7 @@ def _decay(ratio: float, alpha: float) -> float:
 decay = vectorize(["float64(float64, float64)"], cache=True)(_decay)
 """Tempo's divisive decay f = min{1, (SLO / metric)^alpha} (Eq. 2-3) of ratio = SLO / metric: a ufunc, so
 one definition serves the kernels (scalars) and the metrics (arrays)."""
+decay_one = njit(**_JIT)(_decay)  # the same, called from Python on one float (a ufunc call costs ~10x more)
 
 
 @njit(**_JIT)
@@ -160,10 +161,12 @@ def check_batch(I: np.ndarray, idx: np.ndarray, tok: np.ndarray, inst_id: int, s
 
 @njit(**_JIT)
 def apply_run(F: np.ndarray, I: np.ndarray, idx: np.ndarray, tok: np.ndarray, is_dec: np.ndarray,
-              q: np.ndarray, ends: np.ndarray, block_size: int, alpha: float) -> tuple[int, int]:
+              q: np.ndarray, ends: np.ndarray, dts: np.ndarray, busy_time: float, block_size: int, alpha: float,
+              ) -> tuple[int, int, float]:
     """Account ``ends.size`` iterations of a steady batch in bulk, exactly as stepping would: prefill chunks
     grow by ``k * tok``; decode request j (in order among the decodes) emits ``q[j]`` tokens at
-    ``ends[:q[j]]``. Returns (tokens computed, new KV blocks)."""
+    ``ends[:q[j]]``; the instance's busy time adds ``dts`` one by one. Returns (tokens computed, new KV blocks,
+    busy time)."""
     k = ends.size
     grown = 0
     new_blocks = 0
@@ -184,7 +187,25 @@ def apply_run(F: np.ndarray, I: np.ndarray, idx: np.ndarray, tok: np.ndarray, is
         if need > 0:
             I[r, I_KV] += need
             new_blocks += need
-    return grown, new_blocks
+    for dt in dts:
+        busy_time += dt
+    return grown, new_blocks, busy_time
+
+
+@njit(**_JIT)
+def admit(status: np.ndarray, first_scheduled: np.ndarray, idx: np.ndarray, t: float, waiting: int, running: int,
+          newly: np.ndarray) -> int:
+    """Waiting requests of a batch become running (first scheduled at ``t`` if never before); they are
+    written to ``newly[:n]`` in batch order, n returned."""
+    n = 0
+    for r in idx:
+        if status[r] == waiting:
+            status[r] = running
+            if first_scheduled[r] != first_scheduled[r]:  # NaN: never scheduled
+                first_scheduled[r] = t
+            newly[n] = r
+            n += 1
+    return n
 
 
 @njit(**_JIT)

@@ -318,10 +318,10 @@ class Simulator:
         self.wall_seconds = 0.0
         self._skind = w.stage_kind.astype(np.int64)
         self._is_dec_stage = self._skind == _DECODE
-        self._has_external = bool((self._skind == _EXTERNAL).any())
-        # output buffers of the iteration-end kernel (a batch never exceeds the workload)
+        # output buffers of the iteration-end and admission kernels (a batch never exceeds the workload)
         self._fin_buf = np.empty(len(w), np.int64)
         self._pre_buf = np.empty(len(w), np.int64)
+        self._admit_buf = np.empty(len(w), np.int64)
         # largest context a request reaches: all its prefill and decode tokens (KV kept across stages)
         tok = np.where(w.stage_kind != _EXTERNAL, w.stage_tokens, 0)
         c = np.concatenate(([0], np.cumsum(tok)))
@@ -562,16 +562,13 @@ class Simulator:
     def _admit(self, inst: Instance, idx: np.ndarray, t: float) -> None:
         """Waiting requests of a batch join the running set."""
         rs = self.rs
-        newly = idx[rs.status[idx] == _WAITING]
-        if not newly.size:
+        n = kernels.admit(rs.status, rs.first_scheduled, idx, t, _WAITING, _RUNNING, self._admit_buf)
+        if not n:
             return
-        for r in newly.tolist():
+        for r in self._admit_buf[:n].tolist():
             inst.waiting.remove(r)
             inst.running.append(r)
         inst.running_changed()
-        rs.status[newly] = _RUNNING
-        first = newly[np.isnan(rs.first_scheduled[newly])]
-        rs.first_scheduled[first] = t
 
     # ================================================================== fast-forward
     def _ff_horizon(self) -> float:
@@ -651,14 +648,13 @@ class Simulator:
         finish inside it).
         """
         k = ends.size
-        grown, new_blocks = kernels.apply_run(self.rs.F, self.rs.I, idx, tok, is_dec, q, ends, inst.block_size,
-                                              self.sg_alpha)
+        grown, new_blocks, inst.busy_time = kernels.apply_run(self.rs.F, self.rs.I, idx, tok, is_dec, q, ends, dts,
+                                                              inst.busy_time, inst.block_size, self.sg_alpha)
         inst.free_blocks -= new_blocks
         if inst.waiting:
             self._admit(inst, idx, t)
         inst.iterations += k
         inst.tokens += grown
-        inst.busy_time = float(np.cumsum(np.concatenate(([inst.busy_time], dts)))[-1])
         inst.last_dt = float(dts[-1])
         self.ff_iterations += k
         done = np.flatnonzero(q == left)
@@ -726,7 +722,7 @@ class Simulator:
         due = rs.ready[r] + w.stage_ttft[s]
         rs.ttft_slack[r] = min(rs.ttft_slack[r], due - t)
         wait = t - rs.ready[r]
-        f = float(self._decay(w.stage_ttft[s] / wait))
+        f = kernels.decay_one(float(w.stage_ttft[s] / wait), self.sg_alpha)
         rs.sg_in[r] += self.sg_weights[0] * w.stage_tokens[s] * f
         if math.isnan(rs.first_token[r]):
             rs.first_token[r] = t
@@ -923,8 +919,6 @@ class Simulator:
         ones: a victim may need exactly that KV, and FCFS schedulers stop at the first request that does not
         fit and preempt only running requests, so a victim in front of them would be preempted again each
         iteration forever (a livelock once nothing else frees KV, e.g. on a draining instance)."""
-        if not self._has_external:
-            return  # only requests back from a tool call wait with KV
         held = self.rs.kv_blocks[inst.waiting] > 0
         if held.any() and not held[:held.sum()].all():
             inst.waiting[:] = [x for x, h in zip(inst.waiting, held) if h] + \
