@@ -204,3 +204,20 @@ def test_analytic_linear_layers_match_vidur(gpu, hf, model):
     for n in (32, 2048):
         got = m.batch_time(BatchFeatures.build(decode_seqs=n, decode_tokens=n))[0] * 1e3
         assert got == pytest.approx(per_layer_ms.loc[n], rel=0.25), n
+
+
+def test_a_subclass_that_inherits_its_family_does_not_replace_the_registered_model():
+    from slogym.engines.base import PERF_FAMILIES
+    from slogym.engines.perf_models import RooflinePerf
+
+    class Wrapped(RooflinePerf):  # e.g. a test double or a wrapper
+        pass
+
+    class Named(RooflinePerf):
+        family = "roofline-named-for-test"
+
+    try:
+        assert PERF_FAMILIES["roofline"] is RooflinePerf
+        assert PERF_FAMILIES["roofline-named-for-test"] is Named
+    finally:
+        PERF_FAMILIES.pop("roofline-named-for-test", None)

@@ -29,7 +29,9 @@ class PerfModel(ABC):
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
-        if getattr(cls, "family", None):
+        # only a class that names its own family registers: a subclass that inherits ``family`` (a test double,
+        # a wrapper) must not replace the family's model in the registry
+        if cls.__dict__.get("family"):
             PERF_FAMILIES[cls.family] = cls
 
     @abstractmethod
