@@ -363,3 +363,42 @@ def take_in_order(I: np.ndarray, cands: np.ndarray, budget: int, free: int, max_
         used += max((nc + chunk + block_size - 1) // block_size - held, 0)
         budget -= chunk
     return n, used, repeatable
+
+
+@njit(**_JIT)
+def _pymin(a: float, b: float) -> float:
+    return b if b < a else a  # Python's min(a, b), NaN handling included
+
+
+@njit(**_JIT)
+def end_prefill(F: np.ndarray, I: np.ndarray, r: int, t: float, stage: np.ndarray, ready: np.ndarray,
+                ttft_slack: np.ndarray, sg_in: np.ndarray, first_token: np.ndarray, stage_t0: np.ndarray,
+                stage_ptr: np.ndarray, is_decode_stage: np.ndarray, stage_ttft: np.ndarray,
+                stage_tokens: np.ndarray, stage_tpot: np.ndarray, w_in: float, alpha: float, no_tpot: float) -> bool:
+    """Request ``r``'s prefill stage caught up at ``t`` (the rules are :meth:`Simulator._end_prefill`'s): TTFT
+    slack and input service gain, then the following decode stage's first token. Returns True when a stage
+    transition follows (a one-token output, or no decode after the prefill)."""
+    s = stage[r]
+    due = ready[r] + stage_ttft[s]
+    ttft_slack[r] = _pymin(ttft_slack[r], due - t)
+    f = decay_one(stage_ttft[s] / (t - ready[r]), alpha)
+    sg_in[r] += w_in * stage_tokens[s] * f
+    if first_token[r] != first_token[r]:
+        first_token[r] = t
+    nxt = s + 1
+    if nxt >= stage_ptr[r + 1] or not is_decode_stage[nxt]:
+        return True
+    stage[r] = nxt
+    n = stage_tokens[nxt]
+    I[r, I_SLEN] = n
+    F[r, F_TPOT] = _pymin(stage_tpot[nxt], no_tpot)
+    F[r, F_DL] = due
+    stage_t0[r] = t
+    F[r, F_DSLO] = _pymin(F[r, F_DSLO], due - t)
+    F[r, F_FINAL] = due
+    F[r, F_SG] += f
+    F[r, F_LAST] = t
+    I[r, I_GEN_STAGE] = 1
+    I[r, I_GEN] += 1
+    I[r, I_NT] += 1
+    return n == 1

@@ -718,31 +718,9 @@ class Simulator:
         Returns True when a stage transition follows (a one-token output, or no decode after the prefill).
         """
         rs, w = self.rs, self.w
-        s = int(rs.stage[r])
-        due = rs.ready[r] + w.stage_ttft[s]
-        rs.ttft_slack[r] = min(rs.ttft_slack[r], due - t)
-        wait = t - rs.ready[r]
-        f = kernels.decay_one(float(w.stage_ttft[s] / wait), self.sg_alpha)
-        rs.sg_in[r] += self.sg_weights[0] * w.stage_tokens[s] * f
-        if math.isnan(rs.first_token[r]):
-            rs.first_token[r] = t
-        nxt = s + 1
-        if nxt >= w.stage_ptr[r + 1] or self._skind[nxt] != _DECODE:
-            return True  # the prefill ends its segment: _transition moves on
-        rs.stage[r] = nxt
-        n = int(w.stage_tokens[nxt])
-        rs.stage_len[r] = n
-        rs.tpot[r] = min(w.stage_tpot[nxt], NO_TPOT)
-        rs.dl_base[r] = due
-        rs.stage_t0[r] = t
-        rs.dslo_slack[r] = min(rs.dslo_slack[r], due - t)
-        rs.final_deadline[r] = due
-        rs.sg_out[r] += f
-        rs.last_token[r] = t
-        rs.gen_in_stage[r] = 1
-        rs.generated[r] += 1
-        rs.num_tokens[r] += 1
-        return n == 1
+        return kernels.end_prefill(rs.F, rs.I, r, t, rs.stage, rs.ready, rs.ttft_slack, rs.sg_in, rs.first_token,
+                                   rs.stage_t0, w.stage_ptr, self._is_dec_stage, w.stage_ttft, w.stage_tokens,
+                                   w.stage_tpot, float(self.sg_weights[0]), self.sg_alpha, NO_TPOT)
 
     def _transition(self, r: int, t: float) -> _Gen:
         """``r``'s current stage just ended at ``t``."""

@@ -22,6 +22,38 @@ from slogym.core.batch import BatchFeatures
 PERF_FAMILIES: dict[str, type["PerfModel"]] = {}
 
 
+class ScalarOps:
+    """Python-float stand-ins for the array functions the families use.
+
+    IEEE-754 ``+ - * /`` on Python floats and on NumPy float64 give the same bits, so evaluating one batch of
+    Python-int features through these ops equals the vectorized result exactly, at a fraction of the cost
+    (the simulator's per-iteration path; ``tests/test_perf_models.py`` checks the equality).
+    """
+
+    @staticmethod
+    def maximum(a: Any, b: Any) -> Any:
+        return a if a >= b else b
+
+    @staticmethod
+    def minimum(a: Any, b: Any) -> Any:
+        return a if a <= b else b
+
+    @staticmethod
+    def where(c: Any, a: Any, b: Any) -> Any:
+        return a if c else b
+
+    @staticmethod
+    def clip(v: Any, lo: Any, hi: Any) -> Any:
+        return lo if v < lo else hi if v > hi else v
+
+    @staticmethod
+    def searchsorted(grid: Any, v: Any, side: str = "left") -> int:
+        return int(np.searchsorted(grid, v, side=side))
+
+
+SCALAR = ScalarOps()
+
+
 class PerfModel(ABC):
     """Batch features -> iteration time in seconds. Subclasses register under ``family``."""
 
@@ -39,13 +71,11 @@ class PerfModel(ABC):
         """Iteration time (s, float64, shape ``(len(f),)``) of each batch in ``f``.
 
         ``x`` is the array-ops module (``None`` = the configured NumPy/CuPy one); the simulator passes
-        :data:`slogym.engines.perf_models.SCALAR` with Python-int features to time a single batch cheaply.
+        :data:`SCALAR` with Python-int features to time a single batch cheaply.
         """
 
     def batch_time_one(self, f: BatchFeatures) -> float:
         """Time of one batch whose features are Python ints; bit-identical to :meth:`batch_time`."""
-        from slogym.engines.perf_models import SCALAR
-
         return float(self.batch_time(f, SCALAR))
 
     @abstractmethod

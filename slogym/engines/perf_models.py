@@ -24,42 +24,10 @@ from typing import Any, ClassVar, Sequence
 import numpy
 
 from slogym.core.batch import BatchFeatures
-from slogym.engines.base import PerfModel
+from slogym.engines.base import SCALAR, PerfModel
 
 xp = numpy
 """Array module used by every ``batch_time`` (swap for ``cupy`` to evaluate on a GPU)."""
-
-
-class ScalarOps:
-    """Python-float stand-ins for the array functions the families use.
-
-    IEEE-754 ``+ - * /`` on Python floats and on NumPy float64 give the same bits, so evaluating one batch of
-    Python-int features through these ops equals the vectorized result exactly, at a fraction of the cost
-    (the simulator's per-iteration path; ``tests/test_perf_models.py`` checks the equality).
-    """
-
-    @staticmethod
-    def maximum(a: Any, b: Any) -> Any:
-        return a if a >= b else b
-
-    @staticmethod
-    def minimum(a: Any, b: Any) -> Any:
-        return a if a <= b else b
-
-    @staticmethod
-    def where(c: Any, a: Any, b: Any) -> Any:
-        return a if c else b
-
-    @staticmethod
-    def clip(v: Any, lo: Any, hi: Any) -> Any:
-        return lo if v < lo else hi if v > hi else v
-
-    @staticmethod
-    def searchsorted(grid: Any, v: Any, side: str = "left") -> int:
-        return int(numpy.searchsorted(grid, v, side=side))
-
-
-SCALAR = ScalarOps()
 
 
 def _ops(x: Any) -> Any:
