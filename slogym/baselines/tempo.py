@@ -309,8 +309,7 @@ class TempoScheduler(TokenBudgetScheduler):
                         key=lambda r: (r not in running, self.w.arrival[r]))
         res_tok = math.ceil(self.reserve * self.token_budget) if be_pre else 0
         res_seq = math.ceil(self.reserve * self.max_num_seqs) if be_pre else 0
-        b = _Builder(inst, self.token_budget - dec.size - res_tok, free, self.max_num_seqs - dec.size - res_seq,
-                     np.array(slo_pre + be_pre, dtype=np.int64))
+        b = BatchBuilder(inst, self.token_budget - dec.size - res_tok, free, self.max_num_seqs - dec.size - res_seq)
         taken: set[int] = set()
         for group, release in ((slo_pre, False), (be_pre, True), (slo_pre, False)):
             if release:  # the reserve opens to SLO-insensitive requests, FCFS; backfilled by SLO requests after
@@ -370,22 +369,6 @@ class TempoScheduler(TokenBudgetScheduler):
         self.last_switch[inst.id] = inst.iterations
         self.switches.append((inst.id, inst.iterations))
         return chosen, room
-
-
-class _Builder(BatchBuilder):
-    """:class:`BatchBuilder` with the decode test and KV growth of all candidates computed in one call."""
-
-    def __init__(self, inst: Instance, budget: int, free: int, max_seqs: int, cands: np.ndarray) -> None:
-        super().__init__(inst, budget, free, max_seqs)
-        keys = cands.tolist()
-        self._decode = dict(zip(keys, (inst.remaining(cands) == 1).tolist()))
-        self._need = dict(zip(keys, inst.blocks_needed(cands, 1).tolist()))
-
-    def is_decode(self, r: int) -> bool:
-        return self._decode[r]
-
-    def decode_need(self, r: int) -> int:
-        return self._need[r]
 
 
 # ---------------------------------------------------------------------------------------------- registry
