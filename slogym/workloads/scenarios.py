@@ -19,7 +19,7 @@ tree of thoughts) counts once and expands into 6 workload rows.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Union
 
 import numpy as np
@@ -575,6 +575,30 @@ SCENARIOS: dict[str, ScenarioSpec] = {s.name: s for s in (
                           tier="e2e")),
                  "poisson", 32.0, 2000, calibration=_cal(39.7, 39.7)),
 )}
+
+# Tempo §6.1 variants of tempo-mix (same 3:1:1 mix and SLOs): the LC-Workload (lighteval-math singles and ToT
+# collectives, Table 2 "LC-Workload" rows) and bursty arrivals (the ``code`` fingerprint's correlated gaps, a
+# stand-in for BurstGPT [64]). Not calibrated separately: they keep tempo-mix's default rate, so loads given as
+# multiples of it (scripts/reproduce/tempo.py) mean the same arrival rate on every variant.
+_TEMPO = SCENARIOS["tempo-mix"]
+_TEMPO_LC_SINGLE = {"input": _L(76, 100, p50=49, p95=229), "output": _L(482, 236, p50=422, p95=1024, hi=1024)}
+_TEMPO_LC_APPS = (replace(_TEMPO.apps[0], **_TEMPO_LC_SINGLE), replace(_TEMPO.apps[1], **_TEMPO_LC_SINGLE),
+                  replace(_TEMPO.apps[2], input=_L(1064, 389, p50=983, p95=1713),
+                          output=_L(6744, 819, p50=6703, p95=8120)))
+_TEMPO_NOTE = "not calibrated separately: tempo-mix's default rate"
+for _spec in (
+    replace(_TEMPO, name="tempo-mix-lc", description=f"{_TEMPO.description}, LC-Workload lengths",
+            source="Tempo (Zhang et al. 2025) Table 2 (LC-Workload), §6.1", apps=_TEMPO_LC_APPS,
+            calibration=_TEMPO_NOTE),
+    replace(_TEMPO, name="tempo-mix-bursty", description=f"{_TEMPO.description}, bursty arrivals",
+            source=f"{_TEMPO.source}; bursty arrivals (BurstGPT stand-in)", arrival="code",
+            calibration=_TEMPO_NOTE),
+    replace(_TEMPO, name="tempo-mix-lc-bursty",
+            description=f"{_TEMPO.description}, LC-Workload lengths, bursty arrivals",
+            source="Tempo (Zhang et al. 2025) Table 2 (LC-Workload), §6.1; bursty arrivals (BurstGPT stand-in)",
+            apps=_TEMPO_LC_APPS, arrival="code", calibration=_TEMPO_NOTE),
+):
+    SCENARIOS[_spec.name] = _spec
 
 
 def list_scenarios() -> list[str]:
