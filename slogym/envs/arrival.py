@@ -59,7 +59,7 @@ class ArrivalEnv(ServingEnv):
 
     def _check(self, action: Any) -> int:
         a = int(np.asarray(action).reshape(-1)[0]) if np.ndim(action) else int(action)
-        if not self.action_space.contains(a):
+        if not 0 <= a < self.action_space.n:
             raise ValueError(f"action {action!r} is not in {self.action_space}")
         return a
 
@@ -129,12 +129,8 @@ class RoutingEnv(ArrivalEnv):
             "placed_since": _box(self.n_instances, low=0.0, high=CLIP)})
         self._since = np.zeros(self.n_instances, np.float32)
 
-    def _configure(self, sim: Simulator) -> None:
-        super()._configure(sim)
-        self._since = np.zeros(self.n_instances, np.float32)
-
-    def attach(self, sim: Simulator) -> None:
-        super().attach(sim)
+    def _bind(self, sim: Simulator) -> None:
+        super()._bind(sim)
         self._since = np.zeros(self.n_instances, np.float32)
 
     def _observe(self) -> dict[str, np.ndarray]:

@@ -27,6 +27,8 @@ from gymnasium import spaces
 
 from slogym.baselines import list_policies, make_policy
 from slogym.core.batch import BatchFeatures
+from slogym.core.instance import Instance
+from slogym.envs import kernels
 from slogym.core.metrics import service_gain, slo_verdicts
 from slogym.core.request import Workload
 from slogym.core.simulator import Simulator
@@ -40,7 +42,7 @@ SPLITS = ("train", "test", "all")
 TRAIN_FRACTION = 0.8
 CLIP = 10.0
 INSTANCE_FEATURES = ("queue_tokens", "waiting", "running", "kv_utilization", "iteration_time")
-"""Per-instance load features (see :func:`instance_features`)."""
+"""Per-instance load features (see :meth:`ServingEnv._instance_features`)."""
 
 
 def drive(steps: Generator[tuple, float, Any]) -> Any:
@@ -63,39 +65,16 @@ def log_tokens(x: Any) -> Any:
     return np.log1p(x) / np.log1p(32768.0)
 
 
-def instance_features(sim: Simulator) -> np.ndarray:
-    """``(n_instances, 5)``: waiting prefill tokens / 8192, waiting count / 64, running / max_num_seqs,
-    KV utilization, predicted time of a decode step of every running request / 100 ms."""
-    rs = sim.rs
-    out = np.zeros((len(sim.instances), len(INSTANCE_FEATURES)), np.float32)
-    for i, inst in enumerate(sim.instances):
-        if inst.waiting:
-            w = inst.waiting
-            out[i, 0] = float((rs.num_tokens[w] - rs.num_computed[w]).sum()) / 8192.0
-        out[i, 1] = len(inst.waiting) / 64.0
-        out[i, 2] = len(inst.running) / float(inst.engine.max_num_seqs)
-        out[i, 3] = inst.kv_utilization
-        if inst.running:
-            run = inst.running
-            ctx = int((rs.num_computed[run] + 1).sum())
-            n = len(run)
-            f = (0, 0, 0, 0, n, n, ctx, ctx, 0)
-            out[i, 4] = inst.time_one(BatchFeatures(*f)) / 0.1
-    return np.clip(out, -CLIP, CLIP)
+_LOG_TABLE = log_tokens(np.arange(1 << 16))
 
 
-def tier_slack(sim: Simulator, now: float, n_tiers: int) -> np.ndarray:
-    """``(n_instances, n_tiers)``: smallest next-token slack (s) among each instance's running requests of each
-    tier (deadline of the next token minus now), ``CLIP`` when the tier has none."""
-    rs, w = sim.rs, sim.w
-    out = np.full((len(sim.instances), n_tiers), CLIP, np.float32)
-    for i, inst in enumerate(sim.instances):
-        if not inst.running:
-            continue
-        run = np.array(inst.running, dtype=np.int64)
-        slack = rs.next_deadline(w, run) - now
-        np.minimum.at(out[i], w.tier[run], np.clip(slack, -CLIP, CLIP).astype(np.float32))
-    return out
+def log_token_table(size: int) -> np.ndarray:
+    """``log_tokens(x)`` for the integers ``0 <= x < size`` at least (compiled features look counts up here;
+    the values are log_tokens' own, bit for bit). Shared by every env, grown by doubling."""
+    global _LOG_TABLE
+    if _LOG_TABLE.size < size:
+        _LOG_TABLE = log_tokens(np.arange(max(int(size), 2 * _LOG_TABLE.size)))
+    return _LOG_TABLE
 
 
 class ServingEnv(gym.Env):
@@ -202,8 +181,7 @@ class ServingEnv(gym.Env):
         self.sim.completed = []
         self.sim.defer_timing = defer_timing
         self._configure(self.sim)
-        self._n_met = 0
-        self._ewma = 1.0
+        self._bind(self.sim)
         self._history.clear()
         self._gen = self.sim.decisions()
         self._msg = None
@@ -268,8 +246,21 @@ class ServingEnv(gym.Env):
         """Observe ``sim`` (driven by someone else, e.g. ``slogym simulate``) with this env's features."""
         self.sim = sim
         sim.completed = []
+        self._bind(sim)
+
+    def _bind(self, sim: Simulator) -> None:
+        """Start observing a fresh simulator: outcome counters, per-request tables, memos."""
         self._n_met = 0
         self._ewma = 1.0
+        self._decode_time: dict[int, tuple[int, int, float]] = {}
+        w = sim.w
+        q = self.predictor.predict(w.app)
+        # the request part of arrival observations depends on the request alone: one row per request
+        self._request_rows = np.column_stack([
+            log_tokens(w.input_tokens), log_tokens(q[:, 0]), log_tokens(q[:, 1]), np.minimum(w.first_ttft, CLIP),
+            np.minimum(w.min_tpot / 0.1, CLIP), np.minimum(w.ttlt / 30.0, CLIP), w.best_effort.astype(np.float64),
+            w.priority / 4.0,
+        ]).astype(np.float32)
 
     def observe(self, msg: tuple) -> Any:
         """The observation this env would give for decision ``msg`` (``("route", req, now)`` or
@@ -329,21 +320,51 @@ class ServingEnv(gym.Env):
     def _request_part(self, r: int) -> dict[str, np.ndarray]:
         """Features of request ``r`` (see the subclass docstrings)."""
         w = self.sim.w
-        q50, q90 = self.predictor.predict(int(w.app[r]))
-        feats = np.array([
-            log_tokens(w.input_tokens[r]), log_tokens(q50), log_tokens(q90),
-            min(w.first_ttft[r], CLIP), min(w.min_tpot[r] / 0.1, CLIP), min(w.ttlt[r] / 30.0, CLIP),
-            float(w.best_effort[r]), float(w.priority[r]) / 4.0,
-        ], dtype=np.float32)
         app = np.zeros(self.n_apps, np.float32)
         app[w.app[r]] = 1.0
         tier = np.zeros(self.n_tiers, np.float32)
         tier[w.tier[r]] = 1.0
-        return {"request": feats, "app": app, "tier": tier}
+        return {"request": self._request_rows[r].copy(), "app": app, "tier": tier}
 
     def _cluster_part(self, now: float) -> dict[str, np.ndarray]:
-        return {"instances": instance_features(self.sim), "slack": tier_slack(self.sim, now, self.n_tiers),
-                "recent": self._recent()}
+        return {"instances": self._instance_features(), "slack": self._tier_slack(now), "recent": self._recent()}
+
+    def _instance_row(self, inst: Instance) -> np.ndarray:
+        """``(5,)`` load features of one instance, unclipped (see :meth:`_instance_features`)."""
+        rs = self.sim.rs
+        out = np.zeros(len(INSTANCE_FEATURES), np.float32)
+        if inst.waiting:
+            out[0] = float(kernels.tokens_left(rs.I, np.array(inst.waiting, dtype=np.int64))) / 8192.0
+        out[1] = len(inst.waiting) / 64.0
+        out[2] = len(inst.running) / float(inst.engine.max_num_seqs)
+        out[3] = inst.kv_utilization
+        if inst.running:
+            run = inst.running_array()
+            n, ctx = run.size, kernels.tokens_computed(rs.I, run) + run.size
+            memo = self._decode_time.get(inst.id)
+            if memo is None or memo[:2] != (n, ctx):  # the perf model is a pure function of the features
+                memo = (n, ctx, inst.time_one(BatchFeatures(0, 0, 0, 0, n, n, ctx, ctx, 0)))
+                self._decode_time[inst.id] = memo
+            out[4] = memo[2] / 0.1
+        return out
+
+    def _instance_features(self) -> np.ndarray:
+        """``(n_instances, 5)``: waiting prefill tokens / 8192, waiting count / 64, running / max_num_seqs,
+        KV utilization, predicted time of a decode step of every running request / 100 ms."""
+        out = np.array([self._instance_row(inst) for inst in self.sim.instances], np.float32)
+        return np.clip(out, -CLIP, CLIP)
+
+    def _tier_slack(self, now: float) -> np.ndarray:
+        """``(n_instances, n_tiers)``: smallest next-token slack (s) among each instance's running requests of
+        each tier (deadline of the next token minus now), ``CLIP`` when the tier has none."""
+        sim = self.sim
+        out = np.full((len(sim.instances), self.n_tiers), CLIP, np.float32)
+        runs = [inst.running_array() for inst in sim.instances]
+        run = np.concatenate(runs) if len(runs) > 1 else runs[0]
+        if run.size:
+            owner = np.repeat(np.arange(len(runs)), [r.size for r in runs])
+            kernels.tier_slack(sim.rs.next_deadline(sim.w, run), now, owner, sim.w.tier[run], CLIP, out)
+        return out
 
     def _arrival_space(self) -> spaces.Dict:
         return spaces.Dict({

@@ -45,14 +45,16 @@ import numpy as np
 from gymnasium import spaces
 
 from slogym.baselines import make_policy
-from slogym.baselines.common import BatchBuilder
 from slogym.core.batch import Batch
 from slogym.core.instance import Instance
 from slogym.core.simulator import Simulator
-from slogym.envs.base import CLIP, INSTANCE_FEATURES, ServingEnv, _box, instance_features, log_tokens
+from slogym.envs import kernels
+from slogym.envs.base import CLIP, INSTANCE_FEATURES, ServingEnv, _box, log_token_table, log_tokens
 
 B_MIN, B_MAX = 16, 32768
 PREEMPT, SKIP = -0.9, 0.0
+UNSCORED = SKIP - 0.5
+"""Score of a candidate the last decision did not score (``quantum`` > 1): skipped."""
 
 
 def budget_of(level: float) -> int:
@@ -80,12 +82,23 @@ class BatchingEnv(ServingEnv):
             "candidates": _box(self.K, 10), "valid": _box(self.K, low=0.0, high=1.0),
             "instance": _box(len(INSTANCE_FEATURES) + 1), "recent": _box(2, low=0.0, high=1.0),
         })
-        self._scores: dict[int, float] = {}
+        # log-scale predicted output p90 per app (the predictor is fixed per env)
+        self._p90_log = log_tokens(self.predictor.predict(np.arange(self.n_apps))[:, -1])
+        self._score = np.zeros(0)  # last decision's score per request (UNSCORED if none), see _bind
+        self._scored = np.zeros(0, np.int64)  # the requests it scored
+        self._slot = np.zeros(0, np.int64)  # candidate slot per request while an expert action is encoded
         self._level = 0.0
         self._left = 0
+        self._cands: tuple[Any, np.ndarray, int] = (None, self._scored, 0)  # (decision msg, candidates, n running)
 
     def _configure(self, sim: Simulator) -> None:
         sim.agent_schedule = True
+
+    def _bind(self, sim: Simulator) -> None:
+        super()._bind(sim)
+        self._score = np.full(len(sim.w), UNSCORED)
+        self._slot = np.full(len(sim.w), -1, np.int64)
+        self._scored = np.zeros(0, np.int64)
         self._left = 0
 
     def _advance(self, action: Any) -> Generator[tuple, float, tuple[bool, float]]:
@@ -93,36 +106,49 @@ class BatchingEnv(ServingEnv):
         done, reward = yield from super()._advance(action)
         while not done and self._left > 0:
             self._left -= 1
-            done, r = yield from super()._advance(self._form(self._msg[1], self._scores, self._level))
+            done, r = yield from super()._advance(self._form(self._level))
             reward += r
         return done, reward
 
     # ------------------------------------------------------------------ candidates and observation
     def candidates(self, inst: Instance | None = None) -> list[int]:
-        inst = inst or self._msg[1]
+        """The candidate requests of ``inst`` (default: the instance deciding now), slot by slot."""
+        if inst is None or inst is self._msg[1]:
+            return self._candidates()[0].tolist()
         return (inst.running + inst.waiting)[: self.K]
+
+    def _candidates(self) -> tuple[np.ndarray, int]:
+        """The deciding instance's candidates (an int64 array) and how many of them run; computed once per
+        decision (the simulator is paused in between)."""
+        msg, cands, n_run = self._cands
+        if msg is not self._msg:
+            inst = self._msg[1]
+            run = inst.running_array()[: self.K]
+            n_run = run.size
+            if n_run < self.K and inst.waiting:
+                cands = np.concatenate((run, np.array(inst.waiting[: self.K - n_run], np.int64)))
+            else:
+                cands = run
+            self._cands = (self._msg, cands, n_run)
+        return cands, n_run
 
     def _observe(self) -> dict[str, np.ndarray]:
         _, inst, now = self._msg
         sim = self.sim
         rs, w = sim.rs, sim.w
-        c = np.array(self.candidates(inst), dtype=np.int64)
+        c, _ = self._candidates()
         n = c.size
         feats = np.zeros((self.K, 10), np.float32)
         if n:
-            running = rs.status[c] == 4
-            rem = rs.num_tokens[c] - rs.num_computed[c]
+            table = log_token_table(0)
             dl = rs.next_deadline(w, c)
-            feats[:n] = np.column_stack([
-                running, rem == 1, log_tokens(rem), log_tokens(rs.num_tokens[c]), log_tokens(rs.generated[c]),
-                log_tokens(self.predictor.predict(w.app[c])[:, -1]), np.nan_to_num(dl - now, posinf=CLIP),
-                np.minimum(w.min_tpot[c] / 0.1, CLIP), now - rs.ready[c], w.best_effort[c],
-            ])
+            while need := kernels.candidate_features(rs.I, rs.status, rs.ready, c, dl, now, w.min_tpot,
+                                                     w.best_effort, w.app, table, self._p90_log, CLIP, feats):
+                table = log_token_table(need)
         valid = np.zeros(self.K, np.float32)
         valid[:n] = 1.0
-        own = np.append(instance_features(sim)[inst.id], inst.id / self.n_instances).astype(np.float32)
-        return {"candidates": np.clip(feats, -CLIP, CLIP), "valid": valid, "instance": own,
-                "recent": self._recent()}
+        own = np.append(np.clip(self._instance_row(inst), -CLIP, CLIP), np.float32(inst.id / self.n_instances))
+        return {"candidates": feats, "valid": valid, "instance": own, "recent": self._recent()}
 
     # ------------------------------------------------------------------ actions
     def _to_sim_action(self, action: Any) -> Batch:
@@ -130,41 +156,22 @@ class BatchingEnv(ServingEnv):
         if a.shape != (self.K + 1,) or not np.isfinite(a).all() or (np.abs(a) > 1.0 + 1e-6).any():
             raise ValueError(f"action must be {self.K + 1} finite values in [-1, 1] ({self.action_space}); "
                              f"got shape {a.shape}, values {np.array2string(a, threshold=8, precision=3)}")
-        inst = self._msg[1]
-        cands = self.candidates(inst)
-        self._scores = dict(zip(cands, a[: len(cands)].tolist()))
+        cands, _ = self._candidates()
+        self._score[self._scored] = UNSCORED
+        self._score[cands] = a[: cands.size]
+        self._scored = cands
         self._level = float(a[-1])
         self._left = self.quantum - 1
-        return self._form(inst, self._scores, self._level)
+        return self._form(self._level)
 
-    def _form(self, inst: Instance, scores: dict[int, float], level: float) -> Batch:
-        """The batch the scores and budget level describe (see the module docstring)."""
-        rs = self.sim.rs
-        cands = self.candidates(inst)
-        sc = [scores.get(r, SKIP - 0.5) for r in cands]
-        running = set(inst.running)
-        preempt = [r for r, s in zip(cands, sc) if s < PREEMPT and r in running]
-        free = inst.free_blocks + sum(int(rs.kv_blocks[r]) for r in preempt)
-        order = sorted((i for i, s in enumerate(sc) if s >= SKIP), key=lambda i: -sc[i])
-        b = BatchBuilder(inst, budget_of(level), free)
-        # lowest-scored running candidates are the victims when a decode step finds no free block
-        victims = sorted((i for i, s in enumerate(sc) if cands[i] in running and s >= PREEMPT), key=lambda i: sc[i])
-        for i in order:
-            if b.full:
-                break
-            r = cands[i]
-            if r in preempt:
-                continue
-            if b.is_decode(r):
-                need = b.decode_need(r)
-                while need > b.free and victims and sc[victims[0]] < sc[i]:
-                    v = cands[victims.pop(0)]
-                    if v not in b.reqs and v not in preempt:
-                        preempt.append(v)
-                        b.free += int(rs.kv_blocks[v])
-            b.take(r)
-        reqs, toks = b.reqs, b.toks
-        return Batch(req=np.array(reqs, np.int64), tokens=np.array(toks, np.int64), preempt=tuple(preempt))
+    def _form(self, level: float) -> Batch:
+        """The batch the last scores and the budget ``level`` describe on the deciding instance (see the
+        module docstring; :func:`slogym.envs.kernels.form_batch` applies the rules)."""
+        inst = self._msg[1]
+        cands, n_run = self._candidates()
+        reqs, toks, pre = kernels.form_batch(self.sim.rs.I, cands, self._score[cands], n_run, inst.free_blocks,
+                                             budget_of(level), inst.block_size, PREEMPT, SKIP)
+        return Batch(req=reqs, tokens=toks, preempt=tuple(pre.tolist()))
 
     def expert_action(self, name: str | None = None, **params: Any) -> np.ndarray:
         """The action that makes the env form exactly the batch scheduler ``name`` (default: ``policy``)
@@ -175,17 +182,26 @@ class BatchingEnv(ServingEnv):
         else:
             sched = make_policy(name, self.engine, **params).scheduler
         batch = sched.next_batch(inst, now) or Batch()
-        cands = self.candidates(inst)
-        pos = {r: i for i, r in enumerate(cands)}
-        missing = [int(r) for r in list(batch.req) + list(batch.preempt) if int(r) not in pos]
-        if missing or batch.drop or batch.demote or batch.spec is not None:
+        cands, _ = self._candidates()
+        members = np.asarray(batch.req, dtype=np.int64)
+        preempt = np.array(batch.preempt, dtype=np.int64)
+        pos = self._slots(cands, np.concatenate((members, preempt)))
+        if (pos < 0).any() or batch.drop or batch.demote or batch.spec is not None:
+            missing = np.concatenate((members, preempt))[pos < 0].tolist()
             raise ValueError(f"the {name or self.policy_name} batch cannot be expressed with K={self.K} "
                              f"(requests {missing} are not among the first K candidates, or it drops, demotes "
                              f"or speculates)")
         a = np.full(self.K + 1, -0.5, np.float32)
-        for j, r in enumerate(batch.req.tolist()):
-            a[pos[r]] = 1.0 - j * (0.9 / (len(batch) + 1))
-        for j, r in enumerate(batch.preempt):
-            a[pos[int(r)]] = -1.0 + j * (0.05 / (len(batch.preempt) + 1))
+        m, p = members.size, preempt.size
+        a[pos[:m]] = 1.0 - np.arange(m) * (0.9 / (m + 1))
+        a[pos[m:]] = -1.0 + np.arange(p) * (0.05 / (p + 1))
         a[-1] = level_of(int(np.sum(batch.tokens)))
         return a
+
+    def _slots(self, cands: np.ndarray, reqs: np.ndarray) -> np.ndarray:
+        """Candidate slot of each of ``reqs`` (-1 for a request that is not a candidate)."""
+        slot = self._slot  # -1 everywhere between calls
+        slot[cands] = np.arange(cands.size)
+        out = slot[reqs]
+        slot[cands] = -1
+        return out

@@ -353,10 +353,9 @@ class ScalingEnv(ServingEnv):
         if own is not None and hasattr(own, "deltas"):
             own.reset(sim)
             self._experts["policy"] = own
-        self._start_stats(sim)
 
-    def attach(self, sim: Simulator) -> None:
-        super().attach(sim)
+    def _bind(self, sim: Simulator) -> None:
+        super()._bind(sim)
         self._start_stats(sim)
 
     def _start_stats(self, sim: Simulator) -> None:

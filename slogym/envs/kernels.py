@@ -1,0 +1,160 @@
+"""Compiled per-step work of ``slogym/Batching-v0``: forming the batch from priority scores and building the
+candidate features.
+
+A Batching-v0 step looks at up to ``K`` (default ``max_num_seqs + 16`` = 272) candidates. As Python loops
+over ``BatchBuilder.take`` and as ~20 small NumPy calls these two jobs cost ~1 ms per step, 10x the
+simulator's own work per iteration; each kernel here is one compiled loop over the candidates (Numba,
+~1 us to call).
+
+Each kernel reproduces its documented rules exactly (the env's outputs are bit-identical to the
+step-by-step Python semantics): integer KV/token arithmetic as in :func:`slogym.core.kernels.take_in_order`,
+and every float feature computed in float64 with the same operations, then cast to float32 and clipped.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from slogym.core.state import I_GEN, I_KV, I_NC, I_NT
+
+_JIT = dict(cache=True, nogil=True, error_model="numpy")  # numpy error model: x/0 gives inf, as in NumPy
+RUNNING = 4  # slogym.core.state.Status.RUNNING (a plain int inside compiled code)
+
+
+@njit(**_JIT)
+def form_batch(I: np.ndarray, cands: np.ndarray, sc: np.ndarray, n_run: int, free: int, budget: int,
+               block_size: int, preempt_below: float, skip_below: float,
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The batch that scores ``sc`` describe over ``cands`` (the first ``n_run`` of them running); the rules
+    are :mod:`slogym.envs.batching`'s. Returns (requests, tokens, preempted) in the order they were chosen.
+
+    1. running candidates scored below ``preempt_below`` are preempted (in candidate order), freeing their KV;
+    2. candidates scored ``>= skip_below`` are offered highest score first (ties: candidate order) while the
+       token ``budget`` lasts: a prefill gets ``min(remaining, budget left, KV that fits)`` tokens, a decode
+       one token; one that gets no token is passed over;
+    3. a decode step that needs more KV blocks than are free first preempts, lowest score first, running
+       candidates scored in ``[preempt_below, its own score)``.
+    """
+    n = cands.size
+    out = np.zeros(n, np.bool_)  # preempted, by candidate slot
+    taken = np.zeros(n, np.bool_)
+    pre = np.empty(n, np.int64)
+    n_pre = 0
+    for i in range(min(n_run, n)):
+        if sc[i] < preempt_below:
+            out[i] = True
+            pre[n_pre] = cands[i]
+            n_pre += 1
+            free += I[cands[i], I_KV]
+    offered = np.nonzero(sc >= skip_below)[0]
+    order = offered[np.argsort(-sc[offered], kind="mergesort")]
+    victims = np.nonzero(sc[: min(n_run, n)] >= preempt_below)[0]
+    victims = victims[np.argsort(sc[victims], kind="mergesort")]
+    reqs = np.empty(n, np.int64)
+    toks = np.empty(n, np.int64)
+    k = 0
+    v = 0
+    for i in order:
+        if budget <= 0:
+            break
+        if out[i]:
+            continue
+        r = cands[i]
+        nc = I[r, I_NC]
+        rem = I[r, I_NT] - nc
+        held = I[r, I_KV]
+        if rem == 1:
+            need = max((nc + block_size) // block_size - held, 0)  # ceil((nc + 1) / block_size) - held
+            while need > free and v < victims.size and sc[victims[v]] < sc[i]:
+                j = victims[v]
+                v += 1
+                if not taken[j] and not out[j]:
+                    out[j] = True
+                    pre[n_pre] = cands[j]
+                    n_pre += 1
+                    free += I[cands[j], I_KV]
+        chunk = min(rem, budget, (free + held) * block_size - nc)
+        if chunk < 1:
+            continue
+        reqs[k] = r
+        toks[k] = chunk
+        k += 1
+        taken[i] = True
+        free -= max((nc + chunk + block_size - 1) // block_size - held, 0)
+        budget -= chunk
+    return reqs[:k], toks[:k], pre[:n_pre]
+
+
+@njit(**_JIT)
+def candidate_features(I: np.ndarray, status: np.ndarray, ready: np.ndarray, cands: np.ndarray, deadline: np.ndarray,
+                       now: float, min_tpot: np.ndarray, best_effort: np.ndarray, app: np.ndarray,
+                       log_table: np.ndarray, p90_log: np.ndarray, clip: float, out: np.ndarray) -> int:
+    """Fill ``out[:n]`` (float32, ``(K, 10)``) with the features of ``Batching-v0``'s ``candidates`` entry.
+
+    Token counts use ``log_table[x]`` (the env's ``log_tokens(x)`` for integer ``x``); when a count is
+    beyond the table the kernel stops and returns the table size needed (0 when done).
+    """
+    size = log_table.size
+    for j in range(cands.size):
+        r = cands[j]
+        nt = I[r, I_NT]
+        rem = nt - I[r, I_NC]
+        gen = I[r, I_GEN]
+        if max(nt, rem, gen) >= size:
+            return max(nt, rem, gen) + 1
+        if min(nt, rem, gen) < 0:
+            raise ValueError("negative token count in the request state")
+        slack = deadline[j] - now
+        if slack != slack:
+            slack = 0.0  # np.nan_to_num(.., posinf=clip): NaN -> 0, +inf -> clip, -inf -> (clipped to) -clip
+        elif slack == np.inf:
+            slack = clip
+        elif slack == -np.inf:
+            slack = -clip
+        tpot = min_tpot[r] / 0.1
+        if tpot == tpot and tpot > clip:  # np.minimum(., clip), NaN kept
+            tpot = clip
+        feats = (1.0 if status[r] == RUNNING else 0.0, 1.0 if rem == 1 else 0.0, log_table[rem], log_table[nt],
+                 log_table[gen], p90_log[app[r]], slack, tpot, now - ready[r], 1.0 if best_effort[r] else 0.0)
+        for k in range(10):
+            x = np.float32(feats[k])
+            out[j, k] = clip if x > clip else -clip if x < -clip else x
+    return 0
+
+
+@njit(**_JIT)
+def tokens_left(I: np.ndarray, idx: np.ndarray) -> int:
+    """Tokens the requests ``idx`` still have to compute before their next sample (waiting prefill work)."""
+    total = 0
+    for r in idx:
+        total += I[r, I_NT] - I[r, I_NC]
+    return total
+
+
+@njit(**_JIT)
+def tokens_computed(I: np.ndarray, idx: np.ndarray) -> int:
+    """Tokens whose KV the requests ``idx`` hold."""
+    total = 0
+    for r in idx:
+        total += I[r, I_NC]
+    return total
+
+
+@njit(**_JIT)
+def tier_slack(deadline: np.ndarray, now: float, owner: np.ndarray, tier: np.ndarray, clip: float,
+               out: np.ndarray) -> None:
+    """``out[owner[j], tier[j]]`` = min(itself, float32(clip(deadline[j] - now))): each instance's smallest
+    next-token slack per tier, as ``np.minimum.at`` (NaN propagates)."""
+    for j in range(deadline.size):
+        s = deadline[j] - now
+        if s > clip:
+            s = clip
+        elif s < -clip:
+            s = -clip
+        x = np.float32(s)
+        o = out[owner[j], tier[j]]
+        if x != x or o != o:
+            out[owner[j], tier[j]] = x + o
+        elif x < o:
+            out[owner[j], tier[j]] = x
