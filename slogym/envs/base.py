@@ -362,8 +362,7 @@ class ServingEnv(gym.Env):
         runs = [inst.running_array() for inst in sim.instances]
         run = np.concatenate(runs) if len(runs) > 1 else runs[0]
         if run.size:
-            owner = np.repeat(np.arange(len(runs)), [r.size for r in runs])
-            kernels.tier_slack(sim.rs.next_deadline(sim.w, run), now, owner, sim.w.tier[run], CLIP, out)
+            kernels.tier_slack(run, sim.rs.next_deadline(sim.w, run), now, sim.rs.slot, sim.w.tier, CLIP, out)
         return out
 
     def _arrival_space(self) -> spaces.Dict:

@@ -86,7 +86,7 @@ class BatchingEnv(ServingEnv):
         self._p90_log = log_tokens(self.predictor.predict(np.arange(self.n_apps))[:, -1])
         self._score = np.zeros(0)  # last decision's score per request (UNSCORED if none), see _bind
         self._scored = np.zeros(0, np.int64)  # the requests it scored
-        self._slot = np.zeros(0, np.int64)  # candidate slot per request while an expert action is encoded
+        self._slot = np.zeros(0, np.int64)  # scratch of kernels.encode_batch: -1 per request
         self._level = 0.0
         self._left = 0
         self._cands: tuple[Any, np.ndarray, int] = (None, self._scored, 0)  # (decision msg, candidates, n running)
@@ -147,13 +147,15 @@ class BatchingEnv(ServingEnv):
                 table = log_token_table(need)
         valid = np.zeros(self.K, np.float32)
         valid[:n] = 1.0
-        own = np.append(np.clip(self._instance_row(inst), -CLIP, CLIP), np.float32(inst.id / self.n_instances))
+        own = np.empty(len(INSTANCE_FEATURES) + 1, np.float32)
+        np.clip(self._instance_row(inst), -CLIP, CLIP, out=own[:-1])
+        own[-1] = inst.id / self.n_instances
         return {"candidates": feats, "valid": valid, "instance": own, "recent": self._recent()}
 
     # ------------------------------------------------------------------ actions
     def _to_sim_action(self, action: Any) -> Batch:
         a = np.asarray(action, dtype=np.float64).reshape(-1)
-        if a.shape != (self.K + 1,) or not np.isfinite(a).all() or (np.abs(a) > 1.0 + 1e-6).any():
+        if a.shape != (self.K + 1,) or not kernels.in_box(a, 1.0 + 1e-6):
             raise ValueError(f"action must be {self.K + 1} finite values in [-1, 1] ({self.action_space}); "
                              f"got shape {a.shape}, values {np.array2string(a, threshold=8, precision=3)}")
         cands, _ = self._candidates()
@@ -185,23 +187,13 @@ class BatchingEnv(ServingEnv):
         cands, _ = self._candidates()
         members = np.asarray(batch.req, dtype=np.int64)
         preempt = np.array(batch.preempt, dtype=np.int64)
-        pos = self._slots(cands, np.concatenate((members, preempt)))
-        if (pos < 0).any() or batch.drop or batch.demote or batch.spec is not None:
-            missing = np.concatenate((members, preempt))[pos < 0].tolist()
-            raise ValueError(f"the {name or self.policy_name} batch cannot be expressed with K={self.K} "
-                             f"(requests {missing} are not among the first K candidates, or it drops, demotes "
-                             f"or speculates)")
         a = np.full(self.K + 1, -0.5, np.float32)
-        m, p = members.size, preempt.size
-        a[pos[:m]] = 1.0 - np.arange(m) * (0.9 / (m + 1))
-        a[pos[m:]] = -1.0 + np.arange(p) * (0.05 / (p + 1))
+        missing = kernels.encode_batch(cands, members, preempt, self._slot, a)
+        if missing >= 0 or batch.drop or batch.demote or batch.spec is not None:
+            known = set(cands.tolist())
+            absent = [r for r in np.concatenate((members, preempt)).tolist() if r not in known]
+            raise ValueError(f"the {name or self.policy_name} batch cannot be expressed with K={self.K} "
+                             f"(requests {absent} are not among the first K candidates, or it drops, demotes "
+                             f"or speculates)")
         a[-1] = level_of(int(np.sum(batch.tokens)))
         return a
-
-    def _slots(self, cands: np.ndarray, reqs: np.ndarray) -> np.ndarray:
-        """Candidate slot of each of ``reqs`` (-1 for a request that is not a candidate)."""
-        slot = self._slot  # -1 everywhere between calls
-        slot[cands] = np.arange(cands.size)
-        out = slot[reqs]
-        slot[cands] = -1
-        return out

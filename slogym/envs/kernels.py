@@ -142,19 +142,56 @@ def tokens_computed(I: np.ndarray, idx: np.ndarray) -> int:
 
 
 @njit(**_JIT)
-def tier_slack(deadline: np.ndarray, now: float, owner: np.ndarray, tier: np.ndarray, clip: float,
+def tier_slack(run: np.ndarray, deadline: np.ndarray, now: float, slot: np.ndarray, tier: np.ndarray, clip: float,
                out: np.ndarray) -> None:
-    """``out[owner[j], tier[j]]`` = min(itself, float32(clip(deadline[j] - now))): each instance's smallest
-    next-token slack per tier, as ``np.minimum.at`` (NaN propagates)."""
-    for j in range(deadline.size):
+    """``out[slot[r], tier[r]]`` = min(itself, float32(clip(deadline - now))) over the running requests ``run``
+    (``deadline[j]`` is ``run[j]``'s): each instance's smallest next-token slack per tier, as
+    ``np.minimum.at`` (NaN propagates)."""
+    for j in range(run.size):
         s = deadline[j] - now
         if s > clip:
             s = clip
         elif s < -clip:
             s = -clip
         x = np.float32(s)
-        o = out[owner[j], tier[j]]
+        i, k = slot[run[j]], tier[run[j]]
+        o = out[i, k]
         if x != x or o != o:
-            out[owner[j], tier[j]] = x + o
+            out[i, k] = x + o
         elif x < o:
-            out[owner[j], tier[j]] = x
+            out[i, k] = x
+
+
+@njit(**_JIT)
+def in_box(a: np.ndarray, bound: float) -> bool:
+    """Every entry of ``a`` finite with ``|x| <= bound``."""
+    for x in a:
+        if not np.isfinite(x) or abs(x) > bound:
+            return False
+    return True
+
+
+@njit(**_JIT)
+def encode_batch(cands: np.ndarray, members: np.ndarray, preempt: np.ndarray, slot: np.ndarray,
+                 out: np.ndarray) -> int:
+    """Scores that make :func:`form_batch` rebuild a batch: ``members`` (in batch order) get decreasing
+    positive scores ``1 - j * 0.9 / (m + 1)``, ``preempt`` the preempt band ``-1 + j * 0.05 / (p + 1)``, written
+    to ``out`` at their candidate slots. ``slot`` (one entry per request, -1 everywhere) is scratch, left as
+    found. Returns the position in ``members`` then ``preempt`` of the first request that is no candidate,
+    or -1."""
+    for i in range(cands.size):
+        slot[cands[i]] = i
+    missing = -1
+    m, p = members.size, preempt.size
+    for j in range(m + p):
+        r = members[j] if j < m else preempt[j - m]
+        if slot[r] < 0:
+            missing = j
+            break
+        if j < m:
+            out[slot[r]] = 1.0 - j * (0.9 / (m + 1))
+        else:
+            out[slot[r]] = -1.0 + (j - m) * (0.05 / (p + 1))
+    for i in range(cands.size):
+        slot[cands[i]] = -1
+    return missing
