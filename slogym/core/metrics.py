@@ -11,7 +11,16 @@ A request meets its SLO only if it was served (outcome ``finished`` or ``best_ef
 and, in every mode, within its TTLT/end-to-end deadline when it has one. Comparisons allow 1 ns of float slack.
 Requests flagged ``best_effort`` in the workload have no SLO: they count as met when served and are left out of
 attainment. Tempo's service gain (Eq. 1-3): requests with a TTLT SLO get ``(w_i L_i + w_o L_o) f(SLO, TTLT)``;
-others ``w_i L_i f(SLO_TTFT, TTFT) + w_o sum_k f(SLO_TBT, TBT_k)``, with ``f = min{1, (SLO/metric)^alpha}``.
+others ``w_i L_i f(SLO_TTFT, TTFT) + w_o sum_k f_k``, with ``f = min{1, (SLO/metric)^alpha}``; ``alpha -> inf``
+reduces Eq. 2 to goodput. The per-token terms ``f_k`` are accumulated while tokens are emitted
+(``core/kernels.py``, ``RequestState.sg_out``). §3.1 defines them against the expected *progression*: "TBT and
+SLO_TBT represent the actual and expected output progression ... If the request is paused or lags behind, such
+that the actual number of generated tokens falls short of the expected length, the service gain of subsequent
+tokens during that interval is penalized" -- every token behind the deadline line ``D_k = t_ref + ttft + k
+tpot`` (the expected delivery timeline of Andes [65], which §3.1 follows) decays by
+``f(D_k - t_ref, t_k - t_ref)``; a token on or ahead of it earns ``w_o``. Deviation until the core change of
+docs/baselines/tempo.md ("Service gain") lands: the kernels score each inter-token gap, ``f(tpot, gap_k)``,
+which penalizes a pause in one token only and a slow gap even ahead of the line.
 The SA objective (SA paper Eq. 2) is attainment divided by the mean end-to-end latency of served requests.
 Cost: ``cost_instance_seconds`` sums every instance's life, cold start included (HyperFlexis' cost unit, §3
 Eq. 3 and §8: cumulative instance time); ``cost_per_request`` divides it by the served requests (finished or
