@@ -66,13 +66,13 @@ router reads per-iteration state, so fast-forward would hide it); the pending re
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from slogym.baselines import polyserve_kernels as pk
 from slogym.baselines.common import (batch_of, fill_prefill_chunks, make_room_for_decodes, split_running,
                                      unstick)
 from slogym.core.batch import Batch, BatchFeatures
@@ -86,6 +86,7 @@ if TYPE_CHECKING:
 
 INF = float("inf")
 MAX_TIERS = 8
+NO_HOST = 1 << 20  # host rank of a label that may not host a tier
 BUDGET_POINTS = 257
 
 
@@ -122,23 +123,8 @@ class ProfileTable:
         return np.where(t > 0, lo + (hi - lo) * wi, 0.0)
 
     def time_one(self, tokens: int, kv: int) -> float:
-        """:meth:`time` of one batch, in plain Python (the scheduler calls it every iteration)."""
-        if tokens <= 0:
-            return 0.0
-        tg, kg, tt = self._lists()
-        i = min(max(bisect_right(tg, tokens) - 1, 0), len(tg) - 2)
-        j = min(max(bisect_right(kg, kv) - 1, 0), len(kg) - 2)
-        wi = max((tokens - tg[i]) / (tg[i + 1] - tg[i]), 0.0)
-        wj = max((kv - kg[j]) / (kg[j + 1] - kg[j]), 0.0)
-        lo = tt[i][j] + (tt[i][j + 1] - tt[i][j]) * wj
-        hi = tt[i + 1][j] + (tt[i + 1][j + 1] - tt[i + 1][j]) * wj
-        return lo + (hi - lo) * wi
-
-    def _lists(self) -> tuple[list[float], list[float], list[list[float]]]:
-        cached = self.curves.get(-1.0)  # the grid as Python lists, cached beside the budget curves
-        if cached is None:
-            cached = self.curves[-1.0] = (self.tokens.tolist(), self.kv.tolist(), self.times.tolist())
-        return cached  # type: ignore[return-value]
+        """:meth:`time` of one batch (compiled: the scheduler calls it every iteration)."""
+        return pk.table_time(self.tokens, self.kv, self.times, float(tokens), float(kv))
 
     def _budget_exact(self, kv: np.ndarray, tpot: float) -> np.ndarray:
         """Inverse of the bilinear table along the token axis at KV sizes ``kv`` (0 when not even one token fits;
@@ -155,29 +141,24 @@ class ProfileTable:
         inner = tg[lo] + frac * (tg[lo + 1] - tg[lo])
         return np.where(k == 0, 0.0, np.where(k >= tg.size, tg[-1], inner))
 
-    def token_budget(self, kv: np.ndarray, tpot: float) -> np.ndarray:
-        """Largest token batch whose predicted time at KV size ``kv`` stays within ``tpot`` (vectorized over
-        ``kv``). The exact inverse is tabulated once per TPOT on a fine KV grid (``BUDGET_POINTS``) and
-        interpolated, which keeps the per-iteration call cheap."""
+    def budget_curve(self, tpot: float) -> tuple[np.ndarray, np.ndarray]:
+        """The exact inverse at ``tpot`` tabulated on a fine KV grid (``BUDGET_POINTS``; computed once per TPOT)."""
         curve = self.curves.get(tpot)
         if curve is None:
             grid = np.linspace(self.kv[0], self.kv[-1], BUDGET_POINTS)
             curve = self.curves[tpot] = (grid, self._budget_exact(grid, tpot))
-        out = np.interp(np.asarray(kv, np.float64), curve[0], curve[1])
-        return np.floor(out).astype(np.int64)
+        return curve
 
-    def token_budget_each(self, kv: np.ndarray, tpot: np.ndarray) -> np.ndarray:
-        """:meth:`token_budget` with one TPOT per entry (grouped by distinct TPOT: a few tiers)."""
-        tpot = np.broadcast_to(np.asarray(tpot, np.float64), np.shape(kv))
-        out = np.empty(np.shape(kv), np.int64)
-        for u in np.unique(tpot).tolist():
-            m = tpot == u
-            out[m] = self.token_budget(np.asarray(kv)[m], u)
-        return out
+    def token_budget(self, kv: np.ndarray, tpot: float) -> np.ndarray:
+        """Largest token batch whose predicted time at KV size ``kv`` stays within ``tpot`` (vectorized over
+        ``kv``): :meth:`budget_curve` interpolated, which keeps the per-iteration call cheap."""
+        grid, budget = self.budget_curve(tpot)
+        return np.floor(np.interp(np.asarray(kv, np.float64), grid, budget)).astype(np.int64)
 
     def token_budget_one(self, kv: int, tpot: float) -> int:
-        """:meth:`token_budget` of one instance."""
-        return int(self.token_budget(kv, tpot))
+        """:meth:`token_budget` of one instance (compiled)."""
+        grid, budget = self.budget_curve(tpot)
+        return pk.token_budget(grid, budget, float(kv))
 
 
 def profile_table(engine: Any, kv_points: int = 33) -> ProfileTable:
@@ -262,8 +243,10 @@ class Fleet:
     n_res      resident requests (running + waiting);  kv_now  their known length sum (KV at the next step)
     q_pre      prompt tokens still to prefill after the iteration in flight
     busy_until predicted end of the iteration in flight (profile table; §4.6 wait time)
-    res_tier   (n_inst, n_tiers + 1) residents per request tier (the last column: best effort)
+    res_tight  the tightest tier among the residents (``n_tiers``: best effort; ``n_tiers + 1``: none)
     rem, csum  residents sorted by predicted remaining tokens (desc) and prefix sums of their lengths
+    curves     token-budget curves (:meth:`ProfileTable.budget_curve`) of the tiers' TPOTs, then of no TPOT (row
+               ``n_tiers``): a label's host TPOT reads row ``min(label, n_tiers)``
     """
 
     def __init__(self, sim: "Simulator", table: ProfileTable, tiers: np.ndarray, avg_len: float) -> None:
@@ -274,8 +257,21 @@ class Fleet:
         self.POOL, self.PENDING, self.PREFILL = self.n_tiers + 1, self.n_tiers + 2, self.n_tiers + 3
         # TPOT each label imposes: tiers, best effort (none), pool (none), pending (its residents decide), prefill
         self.label_tpot = np.concatenate((tiers, [INF, INF, INF, INF]))
+        self.curve_tpots = [*tiers.tolist(), INF]
+        self.grid = table.budget_curve(INF)[0]
+        self.curves = np.array([table.budget_curve(x)[1] for x in self.curve_tpots])
+        self.row_tpot = np.array(self.curve_tpots)
         self.rtier = request_tiers(w.min_tpot, w.best_effort, tiers)
         self.rtpot = np.minimum(w.min_tpot, INF)
+        # per tier t: the rank of each label among t's hosts (own tier, then tighter ones nearest first; the pool
+        # first for best effort), NO_HOST for labels that may not host tier t (§4.4: never a looser tier)
+        self.host_rank = np.full((self.n_tiers + 1, self.n_tiers + 4), NO_HOST, np.int64)
+        for t in range(self.n_tiers + 1):
+            hosts = [*range(min(t, self.n_tiers - 1), -1, -1)] if t < self.n_tiers else \
+                [self.POOL, *range(self.n_tiers - 1, -1, -1)]
+            self.host_rank[t, hosts] = np.arange(len(hosts))
+        self.idle_label = np.zeros(self.n_tiers + 4, bool)  # labels an instance may scale up from (§4.3)
+        self.idle_label[[self.POOL, self.PENDING]] = True
         role = np.array([int(i.role) for i in sim.instances])
         self.prefill = np.flatnonzero(role == Role.PREFILL)     # roles are fixed for the run (a fixed fleet)
         self.decode = np.flatnonzero(role == Role.DECODE)
@@ -285,7 +281,7 @@ class Fleet:
         self.q_pre = np.zeros(n, np.int64)
         self.busy_until = np.zeros(n)
         self.checked = np.zeros(n, bool)
-        self.res_tier = np.zeros((n, self.n_tiers + 1), np.int64)
+        self.res_tight = np.full(n, self.n_tiers + 1, np.int64)
         self.cap = np.array([i.total_blocks * i.block_size for i in sim.instances], np.int64)
         self.max_seqs = np.array([int(getattr(i.engine, "max_num_seqs", 1 << 30)) for i in sim.instances])
         self.width = 64
@@ -300,46 +296,44 @@ class Fleet:
         """Average decode length minus tokens generated so far, at least 1 (§4.5's output-length prediction)."""
         return np.maximum(np.int64(self.avg_len) - self.sim.rs.generated[reqs], 1)
 
+    def read(self, inst: Instance) -> float:
+        """Refresh instance ``inst``'s row from its residents (one compiled pass, :func:`observe_row`; ``q_pre``
+        still counts the chunks of the batch being formed). Returns the tightest TPOT among its residents with
+        an SLO (``inf`` if none)."""
+        rs, j = self.sim.rs, inst.id
+        res = np.array(inst.running + inst.waiting, np.int64) if inst.waiting else inst.running_array()
+        n = res.size
+        self.n_res[j] = n
+        self._fit(n)
+        kv, todo, tight, self.res_tight[j] = pk.observe_row(rs.I, res, self.rtier, self.rtpot, rs.be,
+                                                            int(self.avg_len), self.rem, self.csum, j,
+                                                            self.n_tiers + 1)
+        self.kv_now[j], self.q_pre[j] = kv, todo
+        return tight
+
+    def formed(self, j: int, now: float, busy: float, chunk_tokens: int) -> None:
+        """Instance ``j`` started an iteration predicted to take ``busy`` seconds, prefilling ``chunk_tokens``."""
+        self.busy_until[j] = now + busy
+        self.checked[j] = False
+        self.q_pre[j] -= chunk_tokens
+
     def observe(self, inst: Instance, now: float, busy: float | None = 0.0, chunk_tokens: int = 0) -> None:
         """Refresh instance ``inst``'s row from its residents (at batch formation with the predicted iteration
         time ``busy``; with ``busy=None`` when re-read between formations, keeping the predicted end)."""
-        rs, j = self.sim.rs, inst.id
-        res = np.array(inst.running + inst.waiting, np.int64)
-        n = res.size
-        self.n_res[j] = n
+        self.read(inst)
         if busy is not None:
-            self.busy_until[j] = now + busy
-            self.checked[j] = False
-        if not n:
-            self.kv_now[j] = self.q_pre[j] = 0
-            self.res_tier[j] = 0
-            return
-        ctx = rs.num_tokens[res]
-        rem = self.predicted_remaining(res)
-        order = np.argsort(-rem, kind="stable")
-        self._fit(n)
-        self.rem[j, :n] = rem[order]
-        self.csum[j, :n] = np.cumsum(ctx[order])
-        self.kv_now[j] = int(self.csum[j, n - 1])
-        self.q_pre[j] = int((ctx - rs.num_computed[res]).sum()) - chunk_tokens
-        self.res_tier[j] = np.bincount(self.rtier[res], minlength=self.n_tiers + 1)
+            self.formed(inst.id, now, busy, chunk_tokens)
 
     def place(self, j: int, r: int, ctx: int, prompt: int) -> None:
         """Request ``r`` (``ctx`` tokens long, ``prompt`` of them still to prefill) joins instance ``j``: insert it
         into the row at once so the next arrival inside the same iteration sees it."""
         n = int(self.n_res[j])
         self._fit(n + 1)
-        r0 = int(self.avg_len) if self.avg_len >= 1 else 1
-        row, cs = self.rem[j], self.csum[j]
-        pos = int(np.searchsorted(-row[:n], -r0, side="right"))
-        row[pos + 1:n + 1] = row[pos:n].copy()
-        cs[pos + 1:n + 1] = cs[pos:n] + ctx
-        row[pos] = r0
-        cs[pos] = (cs[pos - 1] if pos else 0) + ctx
+        pk.place_row(self.rem, self.csum, j, n, int(self.avg_len) if self.avg_len >= 1 else 1, ctx)
         self.n_res[j] = n + 1
         self.kv_now[j] += ctx
         self.q_pre[j] += prompt
-        self.res_tier[j, self.rtier[r]] += 1
+        self.res_tight[j] = min(int(self.res_tight[j]), int(self.rtier[r]))
 
     def _fit(self, n: int) -> None:
         if n > self.width:
@@ -353,7 +347,7 @@ class Fleet:
         residents may have finished (an instance that empties is not scheduled again). Re-read those."""
         stale = np.flatnonzero((self.busy_until < now) & (self.n_res > 0) & ~self.checked)
         for j in stale.tolist():
-            self.observe(self.sim.instances[j], now, None)
+            self.read(self.sim.instances[j])
             self.checked[j] = True  # once per formed batch: an iteration may outlast its prediction
 
     def resync(self, now: float) -> bool:
@@ -362,7 +356,7 @@ class Fleet:
         actual = np.fromiter((i.n_resident for i in self.sim.instances), np.int64, len(self.sim.instances))
         diff = np.flatnonzero(actual != self.n_res)
         for j in diff.tolist():
-            self.observe(self.sim.instances[j], now, None)
+            self.read(self.sim.instances[j])
         return bool(diff.size)
 
     # ---------------------------------------------------------------- labels and cost
@@ -390,13 +384,20 @@ class Fleet:
         live = np.where(np.isnan(self.use_since), 0.0, end - np.nan_to_num(self.use_since))
         return float(self.used_seconds.sum() + live.sum())
 
-    def operating_tpot(self, j: int, res: np.ndarray) -> float:
-        """TPOT instance ``j`` must hold: its label's, or the tightest resident's when tighter (demoted requests
-        have no SLO left to hold)."""
-        own = float(self.label_tpot[self.label[j]])
-        if not res.size:
-            return own
-        return min(own, float(np.where(self.sim.rs.be[res], INF, self.rtpot[res]).min()))
+    def operating_tpot(self, j: int, tightest: float) -> float:
+        """TPOT instance ``j`` must hold: its label's, or ``tightest`` (its tightest resident's, from
+        :meth:`read`) when tighter (demoted requests have no SLO left to hold)."""
+        return min(float(self.label_tpot[self.label[j]]), tightest)
+
+    def curve_rows(self, tpot: np.ndarray) -> np.ndarray:
+        """Row of :attr:`curves` for each host TPOT (tabulating a TPOT that is no tier's on first use)."""
+        rows = np.empty(tpot.size, np.int64)
+        for u in np.unique(tpot).tolist():
+            if u not in self.curve_tpots:
+                self.curve_tpots.append(u)
+                self.curves = np.vstack((self.curves, self.table.budget_curve(u)[1]))
+            rows[tpot == u] = self.curve_tpots.index(u)
+        return rows
 
     def cycle_time(self, idx: np.ndarray | slice = slice(None)) -> np.ndarray:
         """Predicted time of an iteration of everything outstanding on each instance: its residents' decode
@@ -502,15 +503,22 @@ class PolyScheduler(Scheduler):
             if victims:
                 pre = np.array([r for r in pre.tolist() if r not in victims], dtype=np.int64)
         kv_now = (inst.total_blocks - inst.free_blocks) * inst.block_size
-        if self.token_budget is None:
-            tpot = fleet.operating_tpot(inst.id, np.array(inst.running + inst.waiting, np.int64))
-            budget = max(fleet.table.token_budget_one(kv_now, tpot), dec.size + self.min_chunk)
-        else:
-            budget = self.token_budget
-        cands = self._deadline_order(inst, pre.tolist() + [r for r in inst.waiting if r not in victims])
-        reqs, toks, _, _ = fill_prefill_chunks(inst, cands, budget - dec.size, free, self.max_num_seqs - dec.size)
-        n_tok = dec.size + sum(toks)
-        fleet.observe(inst, now, fleet.table.time_one(n_tok, kv_now + n_tok), sum(toks))
+        tightest = fleet.read(inst)
+        waiting = [r for r in inst.waiting if r not in victims] if victims else inst.waiting
+        reqs: list[int] = []
+        toks: list[int] = []
+        if pre.size or waiting:  # the budget only shapes prefill chunks
+            if self.token_budget is None:
+                tpot = fleet.operating_tpot(inst.id, tightest)
+                budget = max(fleet.table.token_budget_one(kv_now, tpot), dec.size + self.min_chunk)
+            else:
+                budget = self.token_budget
+            cands = self._deadline_order(inst, pre.tolist() + waiting)
+            reqs, toks, _, _ = fill_prefill_chunks(inst, cands, budget - dec.size, free,
+                                                   self.max_num_seqs - dec.size)
+        chunked = sum(toks)
+        n_tok = dec.size + chunked
+        fleet.formed(inst.id, now, fleet.table.time_one(n_tok, kv_now + n_tok), chunked)
         if not reqs:
             if not dec.size and not victims:
                 return unstick(inst, victim_key)
@@ -644,37 +652,33 @@ def dynamic_chunk_time(table: ProfileTable, tokens: np.ndarray, budget: int) -> 
 class PolyServeRouter(_FleetRouter):
     """PolyServe's tiered router (§4.1-4.7; see the module docstring for the full rule)."""
 
-    def admission(self, j: np.ndarray, r: int, now: float, host_tpot: float | np.ndarray) -> Verdict:
+    def admission(self, j: np.ndarray, r: int, now: float, host_tpot: float | np.ndarray,
+                  rows: np.ndarray | None = None) -> Verdict:
         """Co-located admission of request ``r`` on instances ``j`` whose operating TPOT would be ``host_tpot``
-        (one value, or one per instance).
+        (one value, or one per instance; ``rows``: their rows of ``Fleet.curves`` when known).
 
         TPOT: profile time of the decode batch (residents + 1) at the predicted peak KV <= host TPOT (§4.5).
         TTFT: continuous chunked-prefill prediction (§4.7, co-location) with the wait time (§4.6): the chunk that
         fits beside that decode batch at the peak KV, for the whole prefill, must finish the queued prefill tokens
-        and this prompt before the TTFT deadline. KV: the peak must fit in the instance's KV memory.
+        and this prompt before the TTFT deadline. KV: the peak must fit in the instance's KV memory. One compiled
+        pass over the candidates (:func:`polyserve_kernels.co_admission`).
         """
         fleet, sim = self.core.fleet, self.core.sim
-        rs, w = sim.rs, sim.w
-        prompt = int(rs.num_tokens[r] - rs.num_computed[r])
-        n, peak = self._peak(j, r, int(rs.num_tokens[r]))
-        batch = n + 1
-        chunk = fleet.table.token_budget_each(peak, host_tpot) - batch
-        todo = fleet.q_pre[j] + prompt
-        step = np.maximum(chunk, 1)
-        iters = -(-todo // step)
-        # one table call for: the decode batch at the peak, a prefill iteration beside it, the current load
+        rs, w, table = sim.rs, sim.w, fleet.table
+        tpot = np.full(j.size, host_tpot, np.float64) if np.ndim(host_tpot) == 0 else np.asarray(host_tpot, np.float64)
+        if rows is None:
+            rows = fleet.curve_rows(tpot)
         m = j.size
-        times = fleet.table.time(np.concatenate((batch, batch + np.minimum(step, todo), n)),
-                                 np.concatenate((peak, peak, fleet.kv_now[j])))
-        t_dec, t_iter, load = times[:m], times[m:2 * m], np.where(n > 0, times[2 * m:], 0.0)
-        wait = np.maximum(fleet.busy_until[j] - now, 0.0)
-        first = now + wait + iters * t_iter
-        deadline = rs.ready[r] + w.stage_ttft[rs.stage[r]]
-        ok = ((t_dec <= host_tpot) & (chunk >= 1) & (first <= deadline) & (peak <= fleet.cap[j])
-              & (batch <= fleet.max_seqs[j]))
+        ok, load, peak, first = np.empty(m, bool), np.empty(m), np.empty(m, np.int64), np.empty(m)
+        r0 = max(int(fleet.avg_len) - int(rs.generated[r]), 1)
+        pk.co_admission(j, rows, tpot, fleet.rem, fleet.csum, fleet.n_res, fleet.q_pre, fleet.kv_now,
+                        fleet.busy_until, fleet.cap, fleet.max_seqs, fleet.grid, fleet.curves, table.tokens, table.kv,
+                        table.times, int(rs.num_tokens[r]), int(rs.num_tokens[r] - rs.num_computed[r]), r0, now,
+                        float(rs.ready[r] + w.stage_ttft[rs.stage[r]]), ok, load, peak, first)
         return Verdict(ok, load, peak, first)
 
-    def decode_admission(self, j: np.ndarray, r: int, now: float, host_tpot: float | np.ndarray) -> Verdict:
+    def decode_admission(self, j: np.ndarray, r: int, now: float, host_tpot: float | np.ndarray,
+                         rows: np.ndarray | None = None) -> Verdict:
         """Disaggregated decode admission of prefilled request ``r`` on decode instances ``j`` (§4.5-4.6): the
         decode batch at the predicted peak KV within the host TPOT, the peak within KV memory, and -- wait-time
         aware -- its next token (the second) before its deadline after the KV transfer, the rest of the host's
@@ -757,35 +761,28 @@ class PolyServeRouter(_FleetRouter):
     def _place(self, req: int, sim: "Simulator", now: float, decode: bool = False) -> int:
         """Steps 1-3 of the routing rule over tiered instances (co-located, or the decode instances of a
         disaggregated cluster): an instance index, or DEFER. Every candidate of every step is evaluated in one
-        vectorized admission call; the steps then pick in order."""
+        admission call; the steps then pick in order."""
         fleet = self.core.fleet
         t = int(fleet.rtier[req])
         label = fleet.label
-        # 1. own tier, 2. lazy promotion to tighter tiers, nearest first (never a looser one)
-        hosts = list(range(min(t, fleet.n_tiers - 1), -1, -1)) if t < fleet.n_tiers else \
-            [fleet.POOL, *range(fleet.n_tiers - 1, -1, -1)]
-        tiered = np.isin(label, hosts)
+        # 1. own tier, 2. lazy promotion to tighter tiers, nearest first (never a looser one): the host rank
+        rank = fleet.host_rank[t][label]
         # 3. scale-up: a pending instance holding only tier >= t requests, or an idle pool instance
-        scale = np.zeros_like(tiered)
-        if t < fleet.n_tiers:
-            scale = ((label == fleet.PENDING) | (label == fleet.POOL)) & ~(fleet.res_tier[:, :t].sum(axis=1) > 0)
-        j = np.flatnonzero(tiered | scale)
+        scale = fleet.idle_label[label] & (fleet.res_tight >= t) if t < fleet.n_tiers else np.zeros(label.size, bool)
+        j = np.flatnonzero((rank < NO_HOST) | scale)
         if not j.size:
             return DEFER
         up = scale[j]
-        tpot = np.where(up, fleet.tiers[min(t, fleet.n_tiers - 1)] if fleet.n_tiers else INF,
-                        fleet.label_tpot[label[j]])
-        v = (self.decode_admission if decode else self.admission)(j, req, now, tpot)
+        rows = np.where(up, min(t, fleet.n_tiers - 1) if fleet.n_tiers else 0, np.minimum(label[j], fleet.n_tiers))
+        v = (self.decode_admission if decode else self.admission)(j, req, now, fleet.row_tpot[rows], rows)
         if not v.ok.any():
             return DEFER
-        for host in hosts:
-            sel = v.ok & ~up & (label[j] == host)
-            if sel.any():
-                return self._commit(req, int(j[np.argmax(np.where(sel, v.load, -1.0))]), sim)
-        sel = v.ok & up
-        if not sel.any():
-            return DEFER
-        i = int(j[np.argmax(np.where(sel, v.load, -1.0))])
+        own = v.ok & ~up
+        if own.any():  # the nearest host tier with an admitting instance, then its highest load
+            rank = rank[j]
+            sel = own & (rank == rank[own].min())
+            return self._commit(req, int(j[np.argmax(np.where(sel, v.load, -1.0))]), sim)
+        i = int(j[np.argmax(np.where(v.ok & up, v.load, -1.0))])
         fleet.relabel(i, t, now)
         return self._commit(req, i, sim)
 

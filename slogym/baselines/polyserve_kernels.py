@@ -1,0 +1,174 @@
+"""Compiled per-iteration and per-arrival loops of PolyServe (Zhu et al. 2025; the policy is ``polyserve.py``).
+
+As NumPy expressions, PolyServe's bookkeeping was ~30 small-array calls per batch formation (re-reading an
+instance's residents, §4.5) and ~60 per arrival (the admission test over every candidate instance, §4.5-4.7),
+each with a fixed cost of 1-2 us that dominated a cluster run. Each kernel here is one compiled loop (Numba) that
+does, value for value, what the NumPy code of ``polyserve.py`` defines -- the same integer arithmetic and the same
+floating-point operations in the same order -- so the policy decides exactly as before
+(``tests/test_polyserve_kernels.py`` checks each kernel against its NumPy definition).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from slogym.core.state import I_GEN, I_NC, I_NT
+
+_JIT = dict(cache=True, nogil=True, error_model="numpy")
+INF = np.inf
+
+
+# ============================================================================ profile table (§4.5)
+@njit(**_JIT)
+def _cell(grid: np.ndarray, x: float) -> int:
+    """Index ``i`` of the grid cell holding ``x``: ``searchsorted(grid, x, 'right') - 1`` clipped to
+    ``0..size-2`` (flat below the grid, the edge cell's slope above it)."""
+    lo, hi = 0, grid.size
+    while lo < hi:  # first index with grid[index] > x
+        mid = (lo + hi) >> 1
+        if grid[mid] <= x:
+            lo = mid + 1
+        else:
+            hi = mid
+    i = lo - 1
+    if i > grid.size - 2:
+        i = grid.size - 2
+    return i if i > 0 else 0
+
+
+@njit(**_JIT)
+def table_time(tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, tokens: float, kv: float) -> float:
+    """``ProfileTable.time`` of one batch: bilinear interpolation of the profile grid (``tg`` token sizes x ``kg``
+    KV sizes -> ``tt`` seconds); 0 for an empty batch."""
+    if not tokens > 0:
+        return 0.0
+    i = _cell(tg, tokens)
+    j = _cell(kg, kv)
+    wi = (tokens - tg[i]) / (tg[i + 1] - tg[i])
+    wj = (kv - kg[j]) / (kg[j + 1] - kg[j])
+    wi = wi if wi >= 0.0 else 0.0
+    wj = wj if wj >= 0.0 else 0.0
+    lo = tt[i, j] + (tt[i, j + 1] - tt[i, j]) * wj
+    hi = tt[i + 1, j] + (tt[i + 1, j + 1] - tt[i + 1, j]) * wj
+    return lo + (hi - lo) * wi
+
+
+@njit(**_JIT)
+def interp(x: float, xp: np.ndarray, fp: np.ndarray) -> float:
+    """``np.interp(x, xp, fp)`` for one ``x`` (NumPy's rules: ends clamp, an exact grid point returns its value)."""
+    n = xp.size
+    if x < xp[0]:
+        return fp[0]
+    if x >= xp[n - 1]:
+        return fp[n - 1]
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if xp[mid] <= x:
+            lo = mid + 1
+        else:
+            hi = mid
+    j = lo - 1
+    if xp[j] == x:
+        return fp[j]
+    slope = (fp[j + 1] - fp[j]) / (xp[j + 1] - xp[j])
+    return slope * (x - xp[j]) + fp[j]
+
+
+@njit(**_JIT)
+def token_budget(grid: np.ndarray, curve: np.ndarray, kv: float) -> int:
+    """``ProfileTable.token_budget`` of one KV size from its tabulated curve (``grid`` -> ``curve``)."""
+    return int(np.floor(interp(kv, grid, curve)))
+
+
+# ============================================================================ per-instance state
+@njit(**_JIT)
+def observe_row(I: np.ndarray, res: np.ndarray, rtier: np.ndarray, rtpot: np.ndarray, be: np.ndarray,
+                avg_len: int, rem: np.ndarray, csum: np.ndarray, j: int, no_tier: int,
+                ) -> tuple[int, int, float, int]:
+    """Write instance ``j``'s row of the fleet from its residents ``res`` (running then waiting): ``rem[j]`` the
+    predicted remaining tokens (average decode length minus generated, at least 1; §4.5) sorted descending
+    (stable), ``csum[j]`` the prefix sums of their lengths in that order. Returns (KV tokens now, tokens still to
+    compute, tightest TPOT among residents with an SLO, tightest resident tier or ``no_tier`` when empty)."""
+    n = res.size
+    key = np.empty(n, np.int64)
+    for m in range(n):
+        g = avg_len - I[res[m], I_GEN]
+        key[m] = -(g if g > 1 else 1)
+    order = np.argsort(key, kind="mergesort")  # stable: ties keep the residents' order
+    acc = 0
+    todo = 0
+    tight = INF
+    tier = no_tier
+    for m in range(n):
+        rem[j, m] = -key[order[m]]
+        acc += I[res[order[m]], I_NT]
+        csum[j, m] = acc
+        r = res[m]
+        todo += I[r, I_NT] - I[r, I_NC]
+        if rtier[r] < tier:
+            tier = rtier[r]
+        if not be[r] and rtpot[r] < tight:
+            tight = rtpot[r]
+    return acc, todo, tight, tier
+
+
+@njit(**_JIT)
+def place_row(rem: np.ndarray, csum: np.ndarray, j: int, n: int, r0: int, ctx: int) -> None:
+    """Insert a resident predicted to need ``r0`` more tokens, ``ctx`` long, into row ``j`` (``n`` residents,
+    sorted by ``rem`` descending): after the residents with ``rem >= r0``, prefix sums shifted by ``ctx``."""
+    pos = 0
+    while pos < n and rem[j, pos] >= r0:
+        pos += 1
+    for m in range(n, pos, -1):
+        rem[j, m] = rem[j, m - 1]
+        csum[j, m] = csum[j, m - 1] + ctx
+    rem[j, pos] = r0
+    csum[j, pos] = (csum[j, pos - 1] if pos else 0) + ctx
+
+
+@njit(**_JIT)
+def future_kv_peak_one(rem: np.ndarray, csum: np.ndarray, j: int, n: int, c0: int, r0: int) -> int:
+    """``polyserve.future_kv_peak`` of one instance (row ``j`` of ``rem``/``csum`` with ``n`` residents)."""
+    best = -1
+    u = 0
+    for m in range(n):
+        k = rem[j, m] - 1
+        val = csum[j, m] + (m + 1) * k
+        if rem[j, m] <= r0:
+            val += c0 + k
+        if val > best:
+            best = val
+        u += rem[j, m] >= r0
+    own = (csum[j, u - 1] if u > 0 else 0) + u * (r0 - 1) + c0 + r0 - 1
+    return own if own > best else best
+
+
+@njit(**_JIT)
+def co_admission(cand: np.ndarray, curve_of: np.ndarray, host_tpot: np.ndarray, rem: np.ndarray, csum: np.ndarray,
+                 n_res: np.ndarray, q_pre: np.ndarray, kv_now: np.ndarray, busy_until: np.ndarray, cap: np.ndarray,
+                 max_seqs: np.ndarray, grid: np.ndarray, curves: np.ndarray, tg: np.ndarray, kg: np.ndarray,
+                 tt: np.ndarray, ctx: int, prompt: int, r0: int, now: float, deadline: float, ok: np.ndarray,
+                 load: np.ndarray, peak: np.ndarray, first: np.ndarray) -> None:
+    """``PolyServeRouter.admission`` over candidate instances ``cand`` (co-located, §4.5-4.7): candidate ``m``'s
+    host TPOT is ``host_tpot[m]``, whose token-budget curve is row ``curve_of[m]`` of ``curves``. Writes the
+    verdict arrays ``ok``, ``load``, ``peak`` and ``first`` (predicted first-token time)."""
+    for m in range(cand.size):
+        j = cand[m]
+        n = n_res[j]
+        pk = future_kv_peak_one(rem, csum, j, n, ctx, r0)
+        batch = n + 1
+        chunk = token_budget(grid, curves[curve_of[m]], float(pk)) - batch
+        todo = q_pre[j] + prompt
+        step = chunk if chunk > 1 else 1
+        iters = -(-todo // step)
+        t_dec = table_time(tg, kg, tt, float(batch), float(pk))
+        t_iter = table_time(tg, kg, tt, float(batch + (step if step < todo else todo)), float(pk))
+        load[m] = table_time(tg, kg, tt, float(n), float(kv_now[j])) if n > 0 else 0.0
+        wait = busy_until[j] - now
+        f = now + (wait if wait > 0.0 else 0.0) + iters * t_iter
+        peak[m] = pk
+        first[m] = f
+        ok[m] = (t_dec <= host_tpot[m] and chunk >= 1 and f <= deadline and pk <= cap[j]
+                 and batch <= max_seqs[j])
