@@ -99,15 +99,22 @@ def test_compiled_objective_matches_numpy(n, bmax):
     np.testing.assert_allclose(lat_c + p._offset_sum, lat, rtol=1e-12)
 
 
-@pytest.mark.parametrize("n,bmax", [(6, 1), (7, 2), (9, 4)])
+@pytest.mark.parametrize("n,bmax", [(6, 1), (10, 1), (7, 2), (9, 4)])
 def test_compiled_moves_match_numpy(n, bmax):
+    # the search's moves and its scoring of them (at B_max = 1 incremental: only the swapped span is re-checked)
+    # against the vectorized NumPy moves and objective
     rng = np.random.default_rng(bmax)
     p = _random_problem(n, bmax, 1)
     cur = _random_plans(n, bmax, 300, rng)
     kind, r, r2 = rng.integers(0, 3, 300), rng.integers(0, n, 300), rng.integers(0, n, 300)
     expected = _propose(cur, p.score(cur)[2], bmax, kind, r, r2)
     assert (expected != cur).any(axis=1).sum() > 50   # many moves change their plan (at bmax = 1 only swaps)
-    np.testing.assert_array_equal(propose(cur, bmax, kind, r, r2), expected)
+    plans, met, lat = propose(cur, p.exec_time, p.latest_start, kind, r, r2)
+    np.testing.assert_array_equal(plans, expected)
+    met_np, lat_np, _ = p.score(expected)
+    assert met_np.min() < met_np.max()   # both SLO outcomes occur among the moved plans
+    np.testing.assert_array_equal(met, met_np)
+    np.testing.assert_allclose(lat + p._offset_sum, lat_np, rtol=1e-12)
 
 
 def _canonical(g: np.ndarray) -> tuple[frozenset[int], ...]:

@@ -68,12 +68,13 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
 from slogym.baselines.common import batch_of, fill_prefill_chunks, make_room_for_decodes, split_running, unstick
-from slogym.baselines.sa_kernels import anneal_population
+from slogym.baselines.sa_kernels import anneal_population, score_plans
 from slogym.core.batch import Batch, BatchFeatures
 from slogym.core.instance import Instance
 from slogym.core.policy import Policy, Router, Scheduler
@@ -253,6 +254,11 @@ class AnnealConfig:
             temps.append(temps[-1] * self.alpha)
         return temps
 
+    @cached_property
+    def temps(self) -> np.ndarray:
+        """:meth:`temperatures` as the array the compiled search reads (computed once per config)."""
+        return np.array(self.temperatures())
+
 
 def _propose(cur: np.ndarray, size: np.ndarray | None, bmax: int, kind: np.ndarray, r: np.ndarray,
              r2: np.ndarray) -> np.ndarray:
@@ -287,28 +293,25 @@ def anneal(p: PlanProblem, rng: np.random.Generator, cfg: AnnealConfig = AnnealC
     the Metropolis rule (always if ``G`` does not drop, else with probability ``exp(dG / T)``, ``dG`` in percent
     of the start's ``G``); between levels the population is resampled in proportion to each plan's Boltzmann
     factor change ``exp((1/T' - 1/T) G)`` so it concentrates where a single chain at ``T'`` would spend its time.
-    Returns the best plan ``g`` (N,) ever seen and its ``G``. The levels run in one compiled call
-    (:func:`~slogym.baselines.sa_kernels.anneal_population`) on draws made here, so ``rng`` alone fixes the result.
+    Returns the best plan ``g`` (N,) ever seen and its ``G``. The start solutions are scored and the levels run
+    by compiled calls (:mod:`slogym.baselines.sa_kernels`); the search's random numbers come from its own generator,
+    seeded by one draw of ``rng``, so ``rng`` alone fixes the result.
     """
     n = p.n
     starts = np.concatenate([p.fill(np.lexsort((np.arange(n), p.arrival))),
                              p.fill(np.argsort(p.exec_time[-1], kind="stable"))])
-    met, lat, _ = p.score(starts)
+    met, lat = score_plans(starts, p.exec_time, p.latest_start)
+    lat += p._offset_sum
     g_start = met / lat
     if met[1] == n and p.max_batch == 1:   # shortest-first meets every SLO: optimal (§4.3; see module doc)
         return starts[1], float(g_start[1])
     if n == 1:   # a single request has a single plan: nothing to search
         return starts[0], float(g_start[0])
     j = int(np.argmax(g_start))
-    g_best = float(g_start[j])
-    scale = 100.0 / max(g_best, 1.0 / float(lat[j]))   # dG in percent of the start's G
-    temps = cfg.temperatures()
-    m = cfg.population(n)
-    # every random draw of the search at once: per move one uniform for Metropolis (accept iff dG * scale / T >=
-    # log u) and one for the move; per level one for the resampling offset
-    u, u0 = rng.random((2, len(temps), m)), rng.random(len(temps))
-    best, g_best = anneal_population(starts[j], g_best, p.exec_time, p.latest_start, p._offset_sum,
-                                     np.array(temps), scale, np.log(u[0]), u[1], u0)
+    scale = 100.0 / max(float(g_start[j]), 1.0 / float(lat[j]))   # dG in percent of the start's G
+    # the search draws its random numbers itself, from one seed drawn here: ``rng`` alone fixes the result
+    best, g_best = anneal_population(starts[j], p.exec_time, p.latest_start, p._offset_sum, cfg.temps,
+                                     scale, cfg.population(n), int(rng.integers(1 << 63)))
     return best, float(g_best)
 
 

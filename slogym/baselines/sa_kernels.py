@@ -1,17 +1,27 @@
 """Compiled inner loop of the SA plan search (Huang et al. 2025, §4.3 Algorithm 1; population form in ``sa.py``).
 
-The NumPy search spent its time in ~50 small-array calls per temperature level (32 levels); here a whole search
-is one compiled call (Numba) that walks the population plan by plan: the same moves (:func:`_target` and
-:func:`_apply` = ``sa._propose``), the objective ``G`` of Eq. 2-12 (:func:`_score` = ``PlanProblem.score``), the
-same Metropolis test and systematic resampling, from random draws made up front by the caller's seeded
-``numpy.random.Generator``. Sums run in a fixed sequential order, so ``G`` can differ from the NumPy (BLAS) value
-in the last bits; ``tests/test_sa.py`` checks the compiled objective and moves against the NumPy ones.
+A whole search is one compiled call (Numba) that walks the population plan by plan: the same moves
+(:func:`_target` and :func:`_apply` = ``sa._propose``; at ``B_max = 1`` the swap of :func:`_swap_score` and
+:func:`_swap_commit`), the objective ``G`` of Eq. 2-12 (:func:`_score` = ``PlanProblem.score``), the Metropolis
+test and systematic resampling. ``tests/test_sa.py`` checks the compiled objective and moves against the NumPy ones.
 
-Layout. Plans are rows of ``2N`` integers in a table (one row per plan of the population): ``g`` (N,), the batch
-index of each request in ``0..N-1`` (``sa.PlanProblem``), then an auxiliary half -- at ``B_max = 1`` the inverse
-permutation (the request of each batch), so ``G`` is one pass over the batches in order; at ``B_max > 1`` the
-size of each batch, which the squeeze/delay room check reads. The moves keep both halves consistent. Rows are
-indexed as ``(table, row)`` pairs and copied element by element: a NumPy view in the loop costs a reference count.
+Random numbers come from a SplitMix64 generator inside the loop (:func:`_next`), seeded with one draw of the
+caller's seeded ``numpy.random.Generator``: same seed, same search. A move is three mixed-radix digits of 32 random
+bits in fixed point (:func:`_move`, bias ~ ``3 N^2 2^-32``); the Metropolis test draws a uniform only for a move
+that lowers ``G`` (:func:`_accept`).
+
+Layout. Plans are rows of tables, one row per plan of the population, updated in place (a rejected move is undone;
+resampling copies only the rows it replaces, :func:`_regroup`); per plan also its SLOs met, latency sum and ``G``.
+
+* ``B_max > 1``: an integer row of ``2N``: ``g`` (N,), the batch of each request in ``0..N-1``
+  (``sa.PlanProblem``), then the size of each batch, which the squeeze/delay room check reads. A scored move is
+  rescored in full (O(N), :func:`_score`).
+* ``B_max = 1`` (only swaps move; a batch is a position): the integer row is ``g``, the position of each request;
+  a float row holds per position the execution time, the deadline and the completion time of its request. A swap
+  of positions ``a < b`` shifts the completion times of positions ``a..b-1`` by ``d = e_b - e_a`` and nothing
+  else, so the latency sum changes by ``(b - a) d`` and the SLOs met are one pass of comparisons (:func:`_swap_score`,
+  no prefix sum). Completion times are updated by adding ``d`` and may differ from a fresh prefix sum in the last
+  bits; the returned plan's ``G`` is rescored from scratch.
 """
 
 from __future__ import annotations
@@ -22,14 +32,61 @@ from numba import njit
 _JIT = dict(cache=True, nogil=True, error_model="numpy", boundscheck=False)
 _INLINE = dict(_JIT, inline="always")   # helpers of the search loop: no call overhead per move
 
+_GOLDEN, _MIX1, _MIX2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S11, _S27, _S30, _S31, _S32 = np.uint64(11), np.uint64(27), np.uint64(30), np.uint64(31), np.uint64(32)
+_LOW32 = np.uint64(0xFFFFFFFF)
+_TO_UNIT = 2.0 ** -53
 
+
+# ============================================================================ random numbers
+@njit(**_INLINE)
+def _next(s: np.uint64) -> tuple[np.uint64, np.uint64]:
+    """SplitMix64 (Steele, Lea & Flood 2014): the next state and 64 random bits."""
+    s = s + _GOLDEN
+    z = s
+    z = (z ^ (z >> _S30)) * _MIX1
+    z = (z ^ (z >> _S27)) * _MIX2
+    return s, z ^ (z >> _S31)
+
+
+@njit(**_INLINE)
+def _unit(z: np.uint64) -> float:
+    """A uniform double in [0, 1) from the top 53 bits (converted as a signed integer: one instruction)."""
+    return np.int64(z >> _S11) * _TO_UNIT
+
+
+@njit(**_INLINE)
+def _move(z: np.uint64, n: int) -> tuple[int, int, int]:
+    """A move (kind, r, r2), uniform on 3 x N x N: the high 32 bits of ``z`` as a fixed-point fraction, read as
+    three mixed-radix digits (3, N, N) by integer products (bias ~ 3 N^2 2^-32)."""
+    t = (z >> _S32) * np.uint64(3)
+    kind = np.int64(t >> _S32)
+    t = (t & _LOW32) * np.uint64(n)
+    r = np.int64(t >> _S32)
+    t = (t & _LOW32) * np.uint64(n)
+    return kind, r, np.int64(t >> _S32)
+
+
+@njit(**_INLINE)
+def _accept(x: float, u: float) -> bool:
+    """Metropolis: ``u <= exp(x)`` (``x`` = ``dG * scale / T``). The bounds ``1 + x <= exp(x) <= 1 + x + x^2 / 2``
+    (x <= 0) decide without a branch; the log is taken only between them (rare)."""
+    low = 1.0 + x
+    ok = (x >= 0.0) | (u <= low)
+    if not ok and u <= low + 0.5 * x * x:
+        ok = np.log(u) <= x
+    return ok
+
+
+# ============================================================================ objective and moves (B_max > 1, references)
 @njit(**_INLINE)
 def _score(plans: np.ndarray, q: int, n: int, exec_time: np.ndarray, limit: np.ndarray,
            dur: np.ndarray) -> tuple[float, float]:
-    """SLOs met and latency sum (without the offsets) of plan row ``q`` (Eq. 4, 8-12); ``dur`` (N,) is scratch.
-    Batches run in index order, each as long as its longest member. ``limit`` is :func:`_limits`: at ``B_max = 1``
-    a request meets its SLOs iff it completes by its deadline, otherwise iff its wait is at most its latest start
-    at its batch's size."""
+    """SLOs met and latency sum (without the offsets) of plan row ``q`` (Eq. 4, 8-12; the ``B_max > 1`` layout,
+    at ``B_max = 1`` the second half is the request of each position); ``dur`` (N,) is scratch. Batches run in
+    index order, each as long as its longest member. ``limit`` is :func:`_limits`: at ``B_max = 1`` a request meets
+    its SLOs iff it completes by its deadline, otherwise iff its wait is at most its latest start at its batch's
+    size."""
     met = 0.0
     lat = 0.0
     acc = 0.0
@@ -78,25 +135,6 @@ def _fill_row(g: np.ndarray, bmax: int, plans: np.ndarray, q: int) -> None:
 
 
 @njit(**_INLINE)
-def _copy_row(src: np.ndarray, a: int, dst: np.ndarray, b: int) -> None:
-    """``dst[b] = src[a]``."""
-    for j in range(src.shape[1]):
-        dst[b, j] = src[a, j]
-
-
-@njit(**_INLINE)
-def _digits(v: float, n: int) -> tuple[int, int, int]:
-    """A uniform ``v`` in [0, 1) as a move (kind, r, r2), uniform on 3 x N x N: its first three digits in mixed
-    radix (3, N, N), by float products (no integer division in the loop; bias ~ N^2 * 2^-53)."""
-    x = v * 3.0
-    kind = min(int(x), 2)
-    x = (x - kind) * n
-    r = min(int(x), n - 1)
-    x = (x - r) * n
-    return kind, r, min(int(x), n - 1)
-
-
-@njit(**_INLINE)
 def _target(plans: np.ndarray, q: int, n: int, bmax: int, kind: int, r: int, r2: int) -> int:
     """New batch of request ``r`` under one §4.3 move on plan row ``q``, or -1 when the move is a no-op: ``kind``
     0 = squeeze ``r`` into the previous batch (not from the first, if that batch has room), 1 = delay it into the
@@ -129,9 +167,219 @@ def _apply(plans: np.ndarray, q: int, n: int, bmax: int, kind: int, r: int, r2: 
         plans[q, n + to] += 1
 
 
+# ============================================================================ B_max = 1: swaps scored incrementally
+@njit(**_INLINE)
+def _swap_setup(g: np.ndarray, exec_time: np.ndarray, limit: np.ndarray, pos: np.ndarray, times: np.ndarray,
+                q: int) -> tuple[float, float]:
+    """Row ``q`` := plan ``g`` (position of each request) in the ``B_max = 1`` layout: ``pos`` (K, N) = ``g``,
+    ``times`` (K, 3N) = execution time, deadline and completion time per position. Returns its SLOs met and
+    latency sum (a prefix sum in position order, as :func:`_score`)."""
+    n = g.shape[0]
+    for j in range(n):
+        pos[q, j] = g[j]
+        times[q, g[j]] = exec_time[0, j]
+        times[q, n + g[j]] = limit[0, j]
+    met = lat = acc = 0.0
+    for k in range(n):
+        acc += times[q, k]
+        times[q, 2 * n + k] = acc
+        lat += acc
+        met += acc <= times[q, n + k]
+    return met, lat
+
+
+@njit(**_INLINE)
+def _swap_score(times: np.ndarray, q: int, n: int, a: int, b: int) -> tuple[float, float]:
+    """SLOs met after swapping the requests at positions ``a < b`` of row ``q``, and the shift ``d`` of the
+    completion times of positions ``a..b-1`` (the latency sum changes by ``(b - a) d``). One branch-free pass."""
+    d = times[q, b] - times[q, a]
+    met = 0   # an integer count: the loop vectorizes
+    for k in range(n):
+        done = times[q, 2 * n + k] + (d if a <= k < b else 0.0)
+        lim = times[q, n + b] if k == a else (times[q, n + a] if k == b else times[q, n + k])
+        met += done <= lim
+    return float(met), d
+
+
+@njit(**_INLINE)
+def _swap_commit(pos: np.ndarray, times: np.ndarray, q: int, n: int, r: int, r2: int, a: int, b: int,
+                 d: float, ok: bool) -> None:
+    """If ``ok``, apply the swap of requests ``r``, ``r2`` at positions ``a < b`` (in either order) scored by
+    :func:`_swap_score`; branch-free (selects), since the Metropolis outcome is unpredictable."""
+    pr, pr2 = pos[q, r], pos[q, r2]
+    pos[q, r], pos[q, r2] = (pr2, pr) if ok else (pr, pr2)
+    for base in (0, n):
+        ta, tb = times[q, base + a], times[q, base + b]
+        times[q, base + a], times[q, base + b] = (tb, ta) if ok else (ta, tb)
+    shift = d if ok else 0.0
+    for k in range(n):
+        times[q, 2 * n + k] += shift if a <= k < b else 0.0
+
+
+# ============================================================================ population
+@njit(**_INLINE)
+def _boltzmann(x: np.ndarray, w: np.ndarray) -> None:
+    """``w = exp(x)`` for ``x <= 0``, vectorizable (no libm call): Taylor to degree 13 on ``x / 2^s`` with
+    ``|x| / 2^s <= 1/2`` (truncation < 1e-15 relative), then ``s`` squarings (``s = 0`` unless some weight is
+    below ``exp(-1/2)``)."""
+    m = x.shape[0]
+    lo = 0.0
+    for i in range(m):
+        lo = min(lo, x[i])
+    s, h = 0, 1.0
+    while lo * h < -0.5:
+        s += 1
+        h *= 0.5
+    for i in range(m):
+        y = x[i] * h
+        p = 1.0 / 6227020800.0
+        p = p * y + 1.0 / 479001600.0
+        p = p * y + 1.0 / 39916800.0
+        p = p * y + 1.0 / 3628800.0
+        p = p * y + 1.0 / 362880.0
+        p = p * y + 1.0 / 40320.0
+        p = p * y + 1.0 / 5040.0
+        p = p * y + 1.0 / 720.0
+        p = p * y + 1.0 / 120.0
+        p = p * y + 1.0 / 24.0
+        p = p * y + 1.0 / 6.0
+        p = p * y + 0.5
+        p = p * y + 1.0
+        w[i] = p * y + 1.0
+    for _ in range(s):
+        for i in range(m):
+            w[i] *= w[i]
+
+
+@njit(**_INLINE)
+def _resample(g_cur: np.ndarray, coef: float, g_ref: float, u0: float, w: np.ndarray, keep: np.ndarray) -> None:
+    """Systematic resampling: ``keep[i]`` = first plan whose cumulative weight ``exp(coef * (G - g_ref))`` reaches
+    ``(i + u0) / m`` of the total, i.e. ``searchsorted`` on the cumulative sum. ``keep`` is non-decreasing."""
+    m = g_cur.shape[0]
+    for i in range(m):
+        w[i] = coef * (g_cur[i] - g_ref)
+    _boltzmann(w, w)
+    acc = 0.0
+    for i in range(m):
+        acc += w[i]
+        w[i] = acc
+    j = 0
+    for i in range(m):
+        target = (i + u0) / m * acc
+        while j < m - 1 and w[j] < target:
+            j += 1
+        keep[i] = j
+
+
+@njit(**_INLINE)
+def _copy_plan(ints: np.ndarray, floats: np.ndarray, scores: np.ndarray, a: int, b: int) -> None:
+    """Plan ``b`` := plan ``a`` (its rows and scores)."""
+    for j in range(ints.shape[1]):
+        ints[b, j] = ints[a, j]
+    for j in range(floats.shape[1]):
+        floats[b, j] = floats[a, j]
+    for j in range(3):
+        scores[j, b] = scores[j, a]
+
+
+@njit(**_INLINE)
+def _regroup(ints: np.ndarray, floats: np.ndarray, scores: np.ndarray, keep: np.ndarray) -> None:
+    """Plan ``i`` := plan ``keep[i]`` for every ``i``, in place. ``keep`` is non-decreasing, so a source row is
+    never overwritten before it is read: copies to lower rows run upward, copies to higher rows downward."""
+    m = keep.shape[0]
+    for i in range(m):
+        if keep[i] > i:
+            _copy_plan(ints, floats, scores, keep[i], i)
+    for i in range(m - 1, -1, -1):
+        if keep[i] < i:
+            _copy_plan(ints, floats, scores, keep[i], i)
+
+
+@njit(**_JIT)
+def anneal_population(start: np.ndarray, exec_time: np.ndarray, latest: np.ndarray, offset_sum: float,
+                      temps: np.ndarray, scale: float, m: int, seed: int) -> tuple[np.ndarray, float]:
+    """Population annealing of ``m`` plans from plan ``start``, random numbers from :func:`_next` seeded with
+    ``seed``. At level ``l`` (temperature ``temps[l]``) the population is resampled by the Boltzmann-weight change
+    (systematic, offset drawn per level); then each plan makes one uniform random move (:func:`_move`), kept iff
+    :func:`_accept` (``G`` does not drop, or ``u <= exp(dG * scale / T)``: Metropolis). Returns the best plan
+    seen (checked at every accepted move) and its ``G`` (rescored from scratch)."""
+    n = start.shape[0]
+    bmax = exec_time.shape[0]
+    limit = _limits(exec_time, latest)
+    ints = np.empty((m, n if bmax == 1 else 2 * n), np.int64)    # the plans, one row each (module doc)
+    floats = np.empty((m, 3 * n if bmax == 1 else 0))
+    scores = np.empty((3, m))                                     # SLOs met, latency sum, G
+    met, lat, g = scores[0], scores[1], scores[2]
+    dur = np.empty(n)
+    if bmax == 1:
+        met[0], lat[0] = _swap_setup(start, exec_time, limit, ints, floats, 0)
+    else:
+        _fill_row(start, bmax, ints, 0)
+        met[0], lat[0] = _score(ints, 0, n, exec_time, limit, dur)
+    g[0] = met[0] / (lat[0] + offset_sum)
+    for i in range(1, m):
+        _copy_plan(ints, floats, scores, 0, i)
+    keep, w = np.empty(m, np.int64), np.empty(m)
+    act, ra, rb = np.empty(m, np.int64), np.empty(m, np.int64), np.empty(m, np.int64)
+    best, g_best = start.copy(), g[0]
+    s = np.uint64(seed)
+    for lvl in range(temps.shape[0]):
+        t = temps[lvl]
+        if lvl:
+            s, z = _next(s)
+            _resample(g, (1.0 / t - 1.0 / temps[lvl - 1]) * scale, g_best, _unit(z), w, keep)
+            _regroup(ints, floats, scores, keep)
+        beta = scale / t
+        if bmax == 1:
+            cnt = 0
+            for i in range(m):   # the plans whose move is a swap of two requests (the others are no-ops)
+                s, z = _next(s)
+                kind, r, r2 = _move(z, n)
+                act[cnt] = i
+                ra[cnt] = r
+                rb[cnt] = r2
+                cnt += (kind == 2) & (r != r2)
+            for c in range(cnt):
+                i, r, r2 = act[c], ra[c], rb[c]
+                a, b = min(ints[i, r], ints[i, r2]), max(ints[i, r], ints[i, r2])
+                m_new, d = _swap_score(floats, i, n, a, b)
+                l_new = lat[i] + (b - a) * d
+                g_new = m_new / (l_new + offset_sum)
+                s, z = _next(s)
+                ok = _accept((g_new - g[i]) * beta, _unit(z))
+                _swap_commit(ints, floats, i, n, r, r2, a, b, d, ok)
+                if ok:
+                    met[i], lat[i], g[i] = m_new, l_new, g_new
+                if ok and g_new > g_best:
+                    g_best = g_new
+                    best[:] = ints[i]
+            continue
+        for i in range(m):
+            s, z = _next(s)
+            kind, r, r2 = _move(z, n)
+            to = _target(ints, i, n, bmax, kind, r, r2)
+            if to < 0:
+                continue
+            was = ints[i, r]
+            _apply(ints, i, n, bmax, kind, r, r2, to)
+            m_new, l_new = _score(ints, i, n, exec_time, limit, dur)
+            g_new = m_new / (l_new + offset_sum)
+            s, z = _next(s)
+            if _accept((g_new - g[i]) * beta, _unit(z)):
+                met[i], lat[i], g[i] = m_new, l_new, g_new
+                if g_new > g_best:
+                    g_best = g_new
+                    best[:] = ints[i, :n]
+            else:   # rejected: undo
+                _apply(ints, i, n, bmax, kind, r, r2, was)
+    m_best, l_best = score_plans(best[None], exec_time, latest)
+    return best, m_best[0] / (l_best[0] + offset_sum)
+
+
+# ============================================================================ references for the tests
 @njit(**_JIT)
 def score_plans(g: np.ndarray, exec_time: np.ndarray, latest: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """SLOs met (K,) and latency sums without offsets (K,) of the plans ``g`` (K, N), as the search scores them."""
+    """SLOs met (K,) and latency sums without offsets (K,) of the plans ``g`` (K, N), scored from scratch."""
     k, n = g.shape
     met, lat = np.empty(k), np.empty(k)
     row, dur = np.empty((1, 2 * n), np.int64), np.empty(n)
@@ -143,88 +391,30 @@ def score_plans(g: np.ndarray, exec_time: np.ndarray, latest: np.ndarray) -> tup
 
 
 @njit(**_JIT)
-def propose(cur: np.ndarray, bmax: int, kind: np.ndarray, r: np.ndarray, r2: np.ndarray) -> np.ndarray:
-    """One move per plan of ``cur`` (K, N), as the search makes it (the tests check it against ``sa._propose``)."""
+def propose(cur: np.ndarray, exec_time: np.ndarray, latest: np.ndarray, kind: np.ndarray, r: np.ndarray,
+            r2: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One move per plan of ``cur`` (K, N) as the search makes and scores it: the new plans, their SLOs met and
+    latency sums without offsets (at ``B_max = 1`` by :func:`_swap_score`, else by :func:`_score`). The tests
+    check them against ``sa._propose`` and ``PlanProblem.score``."""
     k, n = cur.shape
-    out = cur.copy()
-    row = np.empty((1, 2 * n), np.int64)
+    bmax = exec_time.shape[0]
+    limit = _limits(exec_time, latest)
+    out, met, lat = cur.copy(), np.empty(k), np.empty(k)
+    row, times, dur = np.empty((1, 2 * n), np.int64), np.empty((1, 3 * n)), np.empty(n)
     for i in range(k):
+        if bmax == 1:
+            met[i], lat[i] = _swap_setup(cur[i], exec_time, limit, row, times, 0)
+            a, b = min(row[0, r[i]], row[0, r2[i]]), max(row[0, r[i]], row[0, r2[i]])
+            if kind[i] == 2 and a < b:
+                met[i], d = _swap_score(times, 0, n, a, b)
+                lat[i] += (b - a) * d
+                _swap_commit(row, times, 0, n, r[i], r2[i], a, b, d, True)
+            out[i] = row[0, :n]
+            continue
         _fill_row(cur[i], bmax, row, 0)
         to = _target(row, 0, n, bmax, kind[i], r[i], r2[i])
         if to >= 0:
             _apply(row, 0, n, bmax, kind[i], r[i], r2[i], to)
             out[i] = row[0, :n]
-    return out
-
-
-@njit(**_INLINE)
-def _resample(g_cur: np.ndarray, coef: float, g_ref: float, u0: float, w: np.ndarray, keep: np.ndarray) -> None:
-    """Systematic resampling: ``keep[i]`` = first plan whose cumulative weight ``exp(coef * (G - g_ref))`` reaches
-    ``(i + u0) / m`` of the total, i.e. ``searchsorted`` on the cumulative sum."""
-    m = g_cur.shape[0]
-    acc = 0.0
-    for i in range(m):
-        acc += np.exp(coef * (g_cur[i] - g_ref))
-        w[i] = acc
-    j = 0
-    for i in range(m):
-        target = (i + u0) / m * acc
-        while j < m - 1 and w[j] < target:
-            j += 1
-        keep[i] = j
-
-
-@njit(**_JIT)
-def anneal_population(start: np.ndarray, g_start: float, exec_time: np.ndarray, latest: np.ndarray,
-                      offset_sum: float, temps: np.ndarray, scale: float, log_u: np.ndarray, v: np.ndarray,
-                      u0: np.ndarray) -> tuple[np.ndarray, float]:
-    """Population annealing from plan ``start`` (its ``G`` = ``g_start``) with uniform draws ``v`` (levels, m),
-    ``u0`` (levels,) and logs of uniform draws ``log_u`` (levels, m). At level ``l`` (temperature ``temps[l]``)
-    the population of ``m`` plans is resampled by the Boltzmann-weight change (systematic, offset ``u0[l]``); then
-    plan ``i`` makes the move :func:`_digits` of ``v[l, i]``, kept iff ``G`` does not drop or
-    ``dG * scale / T >= log_u[l, i]`` (Metropolis). Returns the best plan seen (checked after each level) and its
-    ``G``."""
-    n_lvl, m = v.shape
-    n = start.shape[0]
-    bmax = exec_time.shape[0]
-    cur, nxt = np.empty((m, 2 * n), np.int64), np.empty((m, 2 * n), np.int64)   # one row per plan
-    _fill_row(start, bmax, cur, 0)
-    for i in range(1, m):
-        _copy_row(cur, 0, cur, i)
-    g_cur, g_nxt = np.full(m, g_start), np.empty(m)
-    keep, w = np.arange(m), np.empty(m)
-    dur = np.empty(n)
-    limit = _limits(exec_time, latest)
-    best, g_best = start.copy(), g_start
-    for lvl in range(n_lvl):
-        t = temps[lvl]
-        if lvl:
-            _resample(g_cur, (1.0 / t - 1.0 / temps[lvl - 1]) * scale, g_best, u0[lvl], w, keep)
-        beta = scale / t
-        i_max, g_max = 0, -np.inf
-        for i in range(m):
-            parent = keep[i]
-            _copy_row(cur, parent, nxt, i)
-            gp = g_cur[parent]
-            if bmax > 1 or v[lvl, i] * 3.0 >= 2.0:   # at B_max = 1 only a swap (kind 2) can move
-                kind, r, r2 = _digits(v[lvl, i], n)
-                to = _target(nxt, i, n, bmax, kind, r, r2)
-                if to >= 0:
-                    was = nxt[i, r]
-                    _apply(nxt, i, n, bmax, kind, r, r2, to)
-                    met, lat = _score(nxt, i, n, exec_time, limit, dur)
-                    g_new = met / (lat + offset_sum)
-                    if g_new >= gp or (g_new - gp) * beta >= log_u[lvl, i]:   # Metropolis
-                        gp = g_new
-                    else:   # rejected: undo
-                        _apply(nxt, i, n, bmax, kind, r, r2, was)
-            g_nxt[i] = gp
-            if gp > g_max:
-                i_max, g_max = i, gp
-        cur, nxt = nxt, cur
-        g_cur, g_nxt = g_nxt, g_cur
-        if g_max > g_best:
-            for j in range(n):
-                best[j] = cur[i_max, j]
-            g_best = g_max
-    return best, g_best
+        met[i], lat[i] = _score(row, 0, n, exec_time, limit, dur)
+    return out, met, lat
