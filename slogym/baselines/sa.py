@@ -128,7 +128,6 @@ class PlanProblem:
         self._offset_sum = float(self.offset.sum())
         self._layout: dict[int, tuple[np.ndarray, ...]] = {}
         self._ones = np.ones(self.n)
-        self._triangle = [np.triu(np.ones((self.n, self.n)), s) for s in (0, 1)] if self.n <= SMALL_N else []
 
     def _index(self, k: int) -> tuple[np.ndarray, ...]:
         """Arrays for scoring ``k`` plans at once (cached: the search scores the same ``k`` every level): row offsets,
@@ -150,6 +149,12 @@ class PlanProblem:
             total = dur.cumsum(axis=1)
             return total - dur if strict else total
         return dur @ self._triangle[int(strict)]
+
+    @cached_property
+    def _triangle(self) -> list[np.ndarray]:
+        """Inclusive and strict upper-triangular ones (N, N) for :meth:`_prefix` (built on first use: the compiled
+        search does not need them)."""
+        return [np.triu(np.ones((self.n, self.n)), s) for s in (0, 1)]
 
     def score(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """SLOs met (K,), latency sum (K,) and batch sizes (K, N) (``None`` at ``B_max = 1``) of ``K`` plans ``g``
@@ -197,27 +202,51 @@ def build_problem(engine: Any, max_batch: int, input_len: np.ndarray, output_len
     ``input_len`` tokens to prefill, ``output_len`` tokens to generate (the prefill emits the first).
     """
     n = input_len.shape[0]
-    b = np.arange(1, max_batch + 1, dtype=np.int64)[:, None] + np.zeros((1, n), np.int64)
-    L = np.broadcast_to(input_len, b.shape).astype(np.int64)
-    steps = np.broadcast_to(np.maximum(output_len, 1) - 1, b.shape).astype(np.int64)
-    prefill = BatchTimeEvaluator(engine)(BatchFeatures.build(
-        prefill_tokens=(b * L).ravel(), prefill_seqs=b.ravel(), prefill_attn=(b * L * L).ravel(),
-        prefill_sq=(b * L * L).ravel(), kv_tokens=(b * L).ravel())).reshape(b.shape)
-    decode = decode_time(engine, b, L, steps)
+    b = np.repeat(np.arange(1, max_batch + 1, dtype=np.int64), n)   # (batch size, request) flattened
+    L = np.tile(np.asarray(input_len, np.int64), max_batch)
+    steps = np.tile(np.maximum(np.asarray(output_len, np.int64), 1) - 1, max_batch)
+    t = BatchTimeEvaluator(engine)(_iteration_features(b, L, steps, prefill=True))
+    prefill, decode = t[: b.size].reshape(max_batch, n), _eq16(t[b.size:], steps).reshape(max_batch, n)
+    steps = steps.reshape(max_batch, n)
     with np.errstate(divide="ignore", invalid="ignore"):
         tpot_ok = (steps == 0) | (decode / np.maximum(steps, 1) <= tpot)
     return PlanProblem(prefill + decode, prefill, tpot_ok, e2e_budget.astype(np.float64),
                        ttft_budget.astype(np.float64), offset.astype(np.float64), arrival.astype(np.float64))
 
 
+_FIELD = {f: i for i, f in enumerate(BatchFeatures._fields)}
+
+
+def _iteration_features(b: np.ndarray, ctx: np.ndarray, steps: np.ndarray, prefill: bool) -> BatchFeatures:
+    """Features of every iteration the plan tables need, for one perf-model call (flat int64 arrays of one shape):
+    if ``prefill``, the whole-prompt prefill of ``b`` copies of a ``ctx``-token prompt (Eq. 14); then the first and
+    the last of ``steps`` decode iterations of ``b`` requests from context ``ctx`` on (Eq. 15), for :func:`_eq16`.
+    Written into one zeroed table (no per-part build and concatenation)."""
+    k = b.size
+    first, last = b * ctx, b * (ctx + np.maximum(steps - 1, 0))
+    f = np.zeros((len(_FIELD), (3 if prefill else 2) * k), np.int64)
+    if prefill:
+        f[_FIELD["prefill_tokens"], :k] = f[_FIELD["kv_tokens"], :k] = first
+        f[_FIELD["prefill_seqs"], :k] = b
+        f[_FIELD["prefill_attn"], :k] = f[_FIELD["prefill_sq"], :k] = first * ctx
+    dec = slice(k if prefill else 0, None)
+    f[_FIELD["decode_seqs"], dec] = f[_FIELD["decode_tokens"], dec] = np.tile(b, 2)
+    f[_FIELD["decode_ctx"], dec] = np.concatenate([first, last])
+    f[_FIELD["kv_tokens"], dec] = f[_FIELD["decode_ctx"], dec] + f[_FIELD["decode_seqs"], dec]
+    return BatchFeatures(*f)
+
+
+def _eq16(t: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """Eq. 16 from the times ``t`` of the first and the last decode iteration (concatenated, as
+    :func:`_iteration_features` orders them): the count times their mean (exact for Eq. 15's linear form)."""
+    return steps * (t[: steps.size] + t[steps.size:]) / 2
+
+
 def decode_time(engine: Any, b: np.ndarray, ctx: np.ndarray, steps: np.ndarray) -> np.ndarray:
-    """Eq. 16: ``steps`` decode iterations of ``b`` requests from context ``ctx`` on, as the count times the mean of
-    the first and the last iteration's time (exact for Eq. 15's linear form). Arrays of one shape."""
-    last = ctx + np.maximum(steps - 1, 0)
-    t = BatchTimeEvaluator(engine)(BatchFeatures.concat([
-        BatchFeatures.build(decode_seqs=b.ravel(), decode_tokens=b.ravel(), decode_ctx=(b * c).ravel(),
-                            kv_tokens=(b * (c + 1)).ravel()) for c in (ctx, last)]))
-    return steps * (t[: b.size] + t[b.size:]).reshape(b.shape) / 2
+    """Eq. 16: ``steps`` decode iterations of ``b`` requests from context ``ctx`` on (arrays of one shape)."""
+    shape = np.shape(b)
+    b, ctx, steps = (np.ravel(np.asarray(x, np.int64)) for x in (b, ctx, steps))
+    return _eq16(BatchTimeEvaluator(engine)(_iteration_features(b, ctx, steps, prefill=False)), steps).reshape(shape)
 
 
 # ============================================================================ searches (§4.3)
