@@ -59,9 +59,14 @@ resident TPOT (only routing differs from PolyServe). CO-Chunk: CO-Minimal routin
 
 Deviations: the future-growth simulation starts every resident from its full known length (prompt tokens not yet
 prefilled counted as resident KV) -- conservative; the per-instance state the router reads is refreshed at every
-batch formation and on every placement, so it is at most one iteration old; batches are never ``steady`` (the
-router reads per-iteration state, so fast-forward would hide it); the pending retry order is the simulator's
-(FCFS over the global queue).
+batch formation and on every placement, so it is at most one iteration old; the pending retry order is the
+simulator's (FCFS over the global queue).
+
+Simulation speed (no effect on decisions): the per-iteration and per-arrival loops are compiled
+(:mod:`slogym.baselines.polyserve_kernels`, value for value the NumPy rules above). Batches of decodes alone are
+``steady`` (fast-forwarded by the simulator) only once no request can be routed again (:meth:`Fleet.settled`:
+the drain at the end of a run), because the router reads the rows a batch formation refreshes; before that
+every iteration is formed by the scheduler.
 """
 
 from __future__ import annotations
@@ -86,7 +91,6 @@ if TYPE_CHECKING:
 
 INF = float("inf")
 MAX_TIERS = 8
-NO_HOST = 1 << 20  # host rank of a label that may not host a tier
 BUDGET_POINTS = 257
 
 
@@ -217,20 +221,10 @@ def future_kv_peak(rem: np.ndarray, csum: np.ndarray, n: np.ndarray, c0: int, r0
     between finishes and drops at them, so its maximum is reached at ``k = r - 1`` for some resident (or the new
     request): at ``k = rem[m] - 1`` the first ``m + 1`` residents are alive (prefix sum + ``(m+1) * k``; a tie
     group evaluated at its last member), plus the new request when ``r0 >= rem[m]``. Exact for the model, and
-    one vectorized pass over all instances.
+    one compiled pass per instance (:func:`polyserve_kernels.future_kv_peak_one`).
     """
-    n_inst = rem.shape[0]
-    if rem.shape[1] == 0:
-        return np.full(n_inst, c0 + r0 - 1, np.int64)
-    m1 = np.arange(1, rem.shape[1] + 1)
-    valid = m1[None, :] <= n[:, None]
-    k = rem - 1
-    val = csum + m1 * k + np.where(rem <= r0, c0 + k, 0)
-    best = np.where(valid, val, -1).max(axis=1)
-    u = (valid & (rem >= r0)).sum(axis=1)
-    su = np.where(u > 0, csum[np.arange(n_inst), np.maximum(u - 1, 0)], 0)
-    own = su + u * (r0 - 1) + c0 + r0 - 1
-    return np.maximum(best, own)
+    rem, csum = np.ascontiguousarray(rem, np.int64), np.ascontiguousarray(csum, np.int64)
+    return np.array([pk.future_kv_peak_one(rem, csum, i, int(k), c0, r0) for i, k in enumerate(n)], np.int64)
 
 
 # ============================================================================ per-instance state
@@ -265,7 +259,7 @@ class Fleet:
         self.rtpot = np.minimum(w.min_tpot, INF)
         # per tier t: the rank of each label among t's hosts (own tier, then tighter ones nearest first; the pool
         # first for best effort), NO_HOST for labels that may not host tier t (§4.4: never a looser tier)
-        self.host_rank = np.full((self.n_tiers + 1, self.n_tiers + 4), NO_HOST, np.int64)
+        self.host_rank = np.full((self.n_tiers + 1, self.n_tiers + 4), pk.NO_HOST, np.int64)
         for t in range(self.n_tiers + 1):
             hosts = [*range(min(t, self.n_tiers - 1), -1, -1)] if t < self.n_tiers else \
                 [self.POOL, *range(self.n_tiers - 1, -1, -1)]
@@ -283,6 +277,9 @@ class Fleet:
         self.checked = np.zeros(n, bool)
         self.res_tight = np.full(n, self.n_tiers + 1, np.int64)
         self.cap = np.array([i.total_blocks * i.block_size for i in sim.instances], np.int64)
+        self.engines = list({id(i.engine): i.engine for i in sim.instances}.values())
+        self.engine_of = np.array([[id(e) for e in self.engines].index(id(i.engine)) for i in sim.instances])
+        self.no_xfer = np.zeros(len(self.engines))
         self.max_seqs = np.array([int(getattr(i.engine, "max_num_seqs", 1 << 30)) for i in sim.instances])
         self.width = 64
         self.rem = np.zeros((n, self.width), np.int64)
@@ -290,6 +287,9 @@ class Fleet:
         self.joined: list[list[int]] = [[] for _ in range(self.n_tiers + 1)]
         self.use_since = np.full(n, np.nan)
         self.used_seconds = np.zeros(n)
+        self.routed = np.zeros(len(w), bool)
+        self.n_routed = 0
+        self._settled = False
 
     # ---------------------------------------------------------------- refresh
     def predicted_remaining(self, reqs: np.ndarray) -> np.ndarray:
@@ -345,8 +345,7 @@ class Fleet:
     def refresh_stale(self, now: float) -> None:
         """Instances whose predicted iteration ended with residents left and no new batch formed since: their
         residents may have finished (an instance that empties is not scheduled again). Re-read those."""
-        stale = np.flatnonzero((self.busy_until < now) & (self.n_res > 0) & ~self.checked)
-        for j in stale.tolist():
+        for j in pk.stale(self.busy_until, self.n_res, self.checked, now).tolist():
             self.read(self.sim.instances[j])
             self.checked[j] = True  # once per formed batch: an iteration may outlast its prediction
 
@@ -358,6 +357,19 @@ class Fleet:
         for j in diff.tolist():
             self.read(self.sim.instances[j])
         return bool(diff.size)
+
+    def note_routed(self, r: int) -> None:
+        if not self.routed[r]:
+            self.routed[r] = True
+            self.n_routed += 1
+
+    def settled(self) -> bool:
+        """No request can be routed again: every request was routed once (arrived, released), none waits in the
+        cluster's global queue, and no prefill instance holds a request still to hand off to a decode instance.
+        From then on nothing reads the rows, so batches may be fast-forwarded (monotone: cached once true)."""
+        if not self._settled and self.n_routed == self.routed.size and not self.sim.global_queue:
+            self._settled = not any(self.sim.instances[p].n_resident for p in self.prefill.tolist())
+        return self._settled
 
     # ---------------------------------------------------------------- labels and cost
     def relabel(self, j: int, label: int, now: float) -> None:
@@ -391,7 +403,7 @@ class Fleet:
 
     def curve_rows(self, tpot: np.ndarray) -> np.ndarray:
         """Row of :attr:`curves` for each host TPOT (tabulating a TPOT that is no tier's on first use)."""
-        rows = np.empty(tpot.size, np.int64)
+        rows = np.zeros(tpot.size, np.int64)
         for u in np.unique(tpot).tolist():
             if u not in self.curve_tpots:
                 self.curve_tpots.append(u)
@@ -460,7 +472,12 @@ class PolyScheduler(Scheduler):
     ``token_budget=None``: the budget is the largest token batch whose profile-table time at the instance's current
     KV size stays within its operating TPOT (at least ``min_chunk`` tokens beyond the decodes, so prefills always
     progress). Prefill chunks go to candidates in TTFT-deadline order, demoted / best-effort ones last.
+
+    A batch of decodes alone (nothing prefilling or waiting, no preemption) is ``steady`` once the fleet is
+    :meth:`Fleet.settled`; a finish leaves the rule unchanged (``steady_through_finish``).
     """
+
+    steady_through_finish = True
 
     def __init__(self, core: PolyCore, token_budget: int | None = None, min_chunk: int = 32,
                  max_num_seqs: int = 256, dynamic: bool = True) -> None:
@@ -522,7 +539,9 @@ class PolyScheduler(Scheduler):
         if not reqs:
             if not dec.size and not victims:
                 return unstick(inst, victim_key)
-            return batch_of(dec, np.ones(dec.size, np.int64), victims)
+            # decodes alone repeat; fast-forwarding them skips the row refreshes, so only once nothing reads them
+            steady = not (victims or pre.size or waiting) and fleet.settled()
+            return batch_of(dec, np.ones(dec.size, np.int64), victims, steady=steady)
         return batch_of(np.concatenate((dec, reqs)), np.concatenate((np.ones(dec.size, np.int64), toks)), victims)
 
     def _prefill_batch(self, inst: Instance, now: float, pre: list[int]) -> Batch | None:
@@ -579,6 +598,11 @@ class _FleetRouter(Router):
         self.core.reset(sim)
         self.decisions = 0
 
+    def _count(self, req: int) -> None:
+        """A routing decision for ``req`` (counted, and its first one noted for :meth:`Fleet.settled`)."""
+        self.decisions += 1
+        self.core.fleet.note_routed(req)
+
     def _entry(self) -> np.ndarray:
         fleet = self.core.fleet
         return fleet.prefill if fleet.prefill.size else np.arange(fleet.label.size)
@@ -599,7 +623,7 @@ class RandomRouter(_FleetRouter):
         self._rng = np.random.default_rng(sim.seed + 7919)
 
     def route(self, req: int, sim: "Simulator", now: float) -> int:
-        self.decisions += 1
+        self._count(req)
         entry = self._entry()
         return self._commit(req, int(entry[self._rng.integers(entry.size)]), sim)
 
@@ -618,7 +642,7 @@ class MinimalRouter(_FleetRouter):
         return int(j[np.argmin(fleet.cycle_time(j))])
 
     def route(self, req: int, sim: "Simulator", now: float) -> int:
-        self.decisions += 1
+        self._count(req)
         return self._commit(req, self._lowest(self._entry(), now), sim)
 
     def route_decode(self, req: int, sim: "Simulator", now: float) -> int:
@@ -652,50 +676,53 @@ def dynamic_chunk_time(table: ProfileTable, tokens: np.ndarray, budget: int) -> 
 class PolyServeRouter(_FleetRouter):
     """PolyServe's tiered router (§4.1-4.7; see the module docstring for the full rule)."""
 
-    def admission(self, j: np.ndarray, r: int, now: float, host_tpot: float | np.ndarray,
-                  rows: np.ndarray | None = None) -> Verdict:
+    def admission(self, j: np.ndarray, r: int, now: float, host_tpot: float | np.ndarray) -> Verdict:
         """Co-located admission of request ``r`` on instances ``j`` whose operating TPOT would be ``host_tpot``
-        (one value, or one per instance; ``rows``: their rows of ``Fleet.curves`` when known).
+        (one value, or one per instance).
 
         TPOT: profile time of the decode batch (residents + 1) at the predicted peak KV <= host TPOT (§4.5).
         TTFT: continuous chunked-prefill prediction (§4.7, co-location) with the wait time (§4.6): the chunk that
         fits beside that decode batch at the peak KV, for the whole prefill, must finish the queued prefill tokens
-        and this prompt before the TTFT deadline. KV: the peak must fit in the instance's KV memory. One compiled
-        pass over the candidates (:func:`polyserve_kernels.co_admission`).
+        and this prompt before the TTFT deadline. KV: the peak must fit in the instance's KV memory.
         """
-        fleet, sim = self.core.fleet, self.core.sim
-        rs, w, table = sim.rs, sim.w, fleet.table
-        tpot = np.full(j.size, host_tpot, np.float64) if np.ndim(host_tpot) == 0 else np.asarray(host_tpot, np.float64)
-        if rows is None:
-            rows = fleet.curve_rows(tpot)
-        m = j.size
-        ok, load, peak, first = np.empty(m, bool), np.empty(m), np.empty(m, np.int64), np.empty(m)
-        r0 = max(int(fleet.avg_len) - int(rs.generated[r]), 1)
-        pk.co_admission(j, rows, tpot, fleet.rem, fleet.csum, fleet.n_res, fleet.q_pre, fleet.kv_now,
-                        fleet.busy_until, fleet.cap, fleet.max_seqs, fleet.grid, fleet.curves, table.tokens, table.kv,
-                        table.times, int(rs.num_tokens[r]), int(rs.num_tokens[r] - rs.num_computed[r]), r0, now,
-                        float(rs.ready[r] + w.stage_ttft[rs.stage[r]]), ok, load, peak, first)
-        return Verdict(ok, load, peak, first)
+        return self._verdicts(j, r, now, host_tpot, decode=False)
 
-    def decode_admission(self, j: np.ndarray, r: int, now: float, host_tpot: float | np.ndarray,
-                         rows: np.ndarray | None = None) -> Verdict:
+    def decode_admission(self, j: np.ndarray, r: int, now: float, host_tpot: float | np.ndarray) -> Verdict:
         """Disaggregated decode admission of prefilled request ``r`` on decode instances ``j`` (§4.5-4.6): the
         decode batch at the predicted peak KV within the host TPOT, the peak within KV memory, and -- wait-time
         aware -- its next token (the second) before its deadline after the KV transfer, the rest of the host's
         current iteration and one decode step. ``first_token`` holds that predicted next-token time."""
-        fleet, sim = self.core.fleet, self.core.sim
-        rs = sim.rs
-        n, peak = self._peak(j, r, int(rs.num_computed[r]) + 1)
-        batch = n + 1
+        return self._verdicts(j, r, now, host_tpot, decode=True)
+
+    def _verdicts(self, j: np.ndarray, r: int, now: float, host_tpot: float | np.ndarray, decode: bool) -> Verdict:
+        """:meth:`admission` / :meth:`decode_admission`, one compiled pass over the candidates
+        (:func:`polyserve_kernels.verdicts`; the future KV peak of each is :func:`future_kv_peak`'s)."""
+        fleet, table = self.core.fleet, self.core.fleet.table
+        tpot = np.full(j.size, host_tpot, np.float64) if np.ndim(host_tpot) == 0 else np.asarray(host_tpot, np.float64)
         m = j.size
-        times = fleet.table.time(np.concatenate((batch, n)), np.concatenate((peak, fleet.kv_now[j])))
-        t_dec, load = times[:m], np.where(n > 0, times[m:], 0.0)
+        ok, load, peak, first = np.empty(m, bool), np.empty(m), np.empty(m, np.int64), np.empty(m)
+        ctx, prompt, r0, deadline, xfer_of = self._request(r, decode)
+        xfer = float(xfer_of[fleet.engine_of[j[0]]]) if m else 0.0
+        pk.verdicts(decode, j, fleet.curve_rows(tpot), tpot, fleet.grid, fleet.curves, fleet.rem, fleet.csum,
+                    fleet.n_res, fleet.q_pre, fleet.kv_now, fleet.busy_until, fleet.cap, fleet.max_seqs, table.tokens,
+                    table.kv, table.times, ctx, prompt, r0, now, deadline, xfer, ok, load, peak, first)
+        return Verdict(ok, load, peak, first)
+
+    def _request(self, r: int, decode: bool) -> tuple[int, int, int, float, np.ndarray]:
+        """What admission needs of request ``r``: its context (co-located: its known length; decode: its KV plus
+        the next token), prompt tokens still to prefill, predicted remaining output (average decode length minus
+        tokens generated, at least 1; §4.5), the deadline of its next output (co-located: the TTFT deadline;
+        decode: its next token's, DSLO) and, for a decode hand-off, the KV transfer time per engine."""
+        fleet, sim = self.core.fleet, self.core.sim
+        rs, w = sim.rs, sim.w
+        r0 = max(int(fleet.avg_len) - int(rs.generated[r]), 1)
+        if not decode:
+            return (int(rs.num_tokens[r]), int(rs.num_tokens[r] - rs.num_computed[r]), r0,
+                    float(rs.ready[r] + w.stage_ttft[rs.stage[r]]), fleet.no_xfer)
         transfer = getattr(sim, "transfer", None)
-        xfer = transfer.seconds(int(rs.num_computed[r]), sim.instances[int(j[0])].engine) if transfer and m else 0.0
-        nxt = now + xfer + np.maximum(fleet.busy_until[j] - now, 0.0) + t_dec
-        deadline = float(rs.next_deadline(sim.w, np.array([r]))[0])
-        ok = (t_dec <= host_tpot) & (nxt <= deadline) & (peak <= fleet.cap[j]) & (batch <= fleet.max_seqs[j])
-        return Verdict(ok, load, peak, nxt)
+        nc = int(rs.num_computed[r])
+        xfer = np.array([transfer.seconds(nc, e) for e in fleet.engines]) if transfer else fleet.no_xfer
+        return nc + 1, 0, r0, float(rs.next_deadline(w, np.array([r]))[0]), xfer
 
     def prefill_admission(self, j: np.ndarray, r: int, now: float) -> Verdict:
         """Disaggregated prefill admission (§4.7 dynamic chunking): the wait for the current iteration plus the
@@ -709,16 +736,8 @@ class PolyServeRouter(_FleetRouter):
         ok = first <= rs.ready[r] + w.stage_ttft[rs.stage[r]]
         return Verdict(ok, fleet.q_pre[j].astype(np.float64), np.zeros(j.size, np.int64), first)
 
-    def _peak(self, j: np.ndarray, r: int, ctx: int) -> tuple[np.ndarray, np.ndarray]:
-        """Residents of instances ``j`` and their future KV peak with ``r`` (context ``ctx``) joining."""
-        fleet = self.core.fleet
-        r0 = max(int(fleet.avg_len) - int(self.core.sim.rs.generated[r]), 1)
-        n = fleet.n_res[j]
-        width = int(n.max()) if n.size else 0
-        return n, future_kv_peak(fleet.rem[j, :width], fleet.csum[j, :width], n, ctx, r0)
-
     def route(self, req: int, sim: "Simulator", now: float) -> int:
-        self.decisions += 1
+        self._count(req)
         fleet = self.core.fleet
         fleet.refresh_stale(now)
         place = self._place_prefill if fleet.prefill.size else self._place
@@ -760,30 +779,23 @@ class PolyServeRouter(_FleetRouter):
 
     def _place(self, req: int, sim: "Simulator", now: float, decode: bool = False) -> int:
         """Steps 1-3 of the routing rule over tiered instances (co-located, or the decode instances of a
-        disaggregated cluster): an instance index, or DEFER. Every candidate of every step is evaluated in one
-        admission call; the steps then pick in order."""
-        fleet = self.core.fleet
+        disaggregated cluster): an instance index, or DEFER. Candidates: the instances of the request's tier
+        (1), of tighter tiers (2, lazy promotion, nearest first; never a looser one), and for scale-up (3) a
+        pending instance holding only tier >= t requests or an idle pool instance. Among those that admit
+        (:meth:`admission` / :meth:`decode_admission`) the nearest tier wins, scale-up last, and within it the
+        highest load (the load gradient): one compiled pass over the instances (:func:`polyserve_kernels.place`).
+        """
+        fleet, table = self.core.fleet, self.core.fleet.table
         t = int(fleet.rtier[req])
-        label = fleet.label
-        # 1. own tier, 2. lazy promotion to tighter tiers, nearest first (never a looser one): the host rank
-        rank = fleet.host_rank[t][label]
-        # 3. scale-up: a pending instance holding only tier >= t requests, or an idle pool instance
-        scale = fleet.idle_label[label] & (fleet.res_tight >= t) if t < fleet.n_tiers else np.zeros(label.size, bool)
-        j = np.flatnonzero((rank < NO_HOST) | scale)
-        if not j.size:
+        ctx, prompt, r0, deadline, xfer_of = self._request(req, decode)
+        i, up = pk.place(t, fleet.n_tiers, fleet.label, fleet.host_rank[t], fleet.idle_label, fleet.res_tight,
+                         decode, fleet.engine_of, xfer_of, fleet.grid, fleet.curves, fleet.row_tpot, fleet.rem,
+                         fleet.csum, fleet.n_res, fleet.q_pre, fleet.kv_now, fleet.busy_until, fleet.cap,
+                         fleet.max_seqs, table.tokens, table.kv, table.times, ctx, prompt, r0, now, deadline)
+        if i < 0:
             return DEFER
-        up = scale[j]
-        rows = np.where(up, min(t, fleet.n_tiers - 1) if fleet.n_tiers else 0, np.minimum(label[j], fleet.n_tiers))
-        v = (self.decode_admission if decode else self.admission)(j, req, now, fleet.row_tpot[rows], rows)
-        if not v.ok.any():
-            return DEFER
-        own = v.ok & ~up
-        if own.any():  # the nearest host tier with an admitting instance, then its highest load
-            rank = rank[j]
-            sel = own & (rank == rank[own].min())
-            return self._commit(req, int(j[np.argmax(np.where(sel, v.load, -1.0))]), sim)
-        i = int(j[np.argmax(np.where(v.ok & up, v.load, -1.0))])
-        fleet.relabel(i, t, now)
+        if up:
+            fleet.relabel(i, t, now)
         return self._commit(req, i, sim)
 
     def _pend(self, req: int, sim: "Simulator", now: float) -> int:

@@ -16,7 +16,9 @@ from numba import njit
 from slogym.core.state import I_GEN, I_NC, I_NT
 
 _JIT = dict(cache=True, nogil=True, error_model="numpy")
+_INLINE = dict(_JIT, inline="always")
 INF = np.inf
+NO_HOST = 1 << 20  # host rank of a label that may not host a tier (``Fleet.host_rank``)
 
 
 # ============================================================================ profile table (§4.5)
@@ -92,17 +94,25 @@ def observe_row(I: np.ndarray, res: np.ndarray, rtier: np.ndarray, rtpot: np.nda
     (stable), ``csum[j]`` the prefix sums of their lengths in that order. Returns (KV tokens now, tokens still to
     compute, tightest TPOT among residents with an SLO, tightest resident tier or ``no_tier`` when empty)."""
     n = res.size
-    key = np.empty(n, np.int64)
+    # counting sort by remaining tokens (1..avg_len), descending: stable, and linear in n + avg_len
+    rank = np.empty(n, np.int64)
+    start = np.zeros(avg_len + 1, np.int64)
     for m in range(n):
         g = avg_len - I[res[m], I_GEN]
-        key[m] = -(g if g > 1 else 1)
-    order = np.argsort(key, kind="mergesort")  # stable: ties keep the residents' order
+        rank[m] = avg_len - (g if g > 1 else 1)
+        start[rank[m] + 1] += 1
+    for b in range(1, avg_len + 1):
+        start[b] += start[b - 1]
+    order = np.empty(n, np.int64)
+    for m in range(n):
+        order[start[rank[m]]] = m
+        start[rank[m]] += 1
     acc = 0
     todo = 0
     tight = INF
     tier = no_tier
     for m in range(n):
-        rem[j, m] = -key[order[m]]
+        rem[j, m] = avg_len - rank[order[m]]
         acc += I[res[order[m]], I_NT]
         csum[j, m] = acc
         r = res[m]
@@ -145,30 +155,90 @@ def future_kv_peak_one(rem: np.ndarray, csum: np.ndarray, j: int, n: int, c0: in
     return own if own > best else best
 
 
+@njit(**_INLINE)
+def _verdict(decode: bool, j: int, host_tpot: float, curve: np.ndarray, grid: np.ndarray, rem: np.ndarray,
+             csum: np.ndarray, n_res: np.ndarray, q_pre: np.ndarray, kv_now: np.ndarray, busy_until: np.ndarray,
+             cap: np.ndarray, max_seqs: np.ndarray, tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, ctx: int,
+             prompt: int, r0: int, now: float, deadline: float, xfer: float) -> tuple[bool, float, int, float]:
+    """Admission of one request on instance ``j`` (the rules are ``PolyServeRouter.admission`` (co-located) and
+    ``decode_admission`` (``decode``)): (admitted, load, future KV peak, predicted first / next token time)."""
+    n = n_res[j]
+    pk = future_kv_peak_one(rem, csum, j, n, ctx, r0)
+    batch = n + 1
+    t_dec = table_time(tg, kg, tt, float(batch), float(pk))
+    load = table_time(tg, kg, tt, float(n), float(kv_now[j])) if n > 0 else 0.0
+    wait = busy_until[j] - now
+    wait = wait if wait > 0.0 else 0.0
+    fits = t_dec <= host_tpot and pk <= cap[j] and batch <= max_seqs[j]
+    if decode:
+        nxt = now + xfer + wait + t_dec
+        return fits and nxt <= deadline, load, pk, nxt
+    chunk = token_budget(grid, curve, float(pk)) - batch
+    todo = q_pre[j] + prompt
+    step = chunk if chunk > 1 else 1
+    t_iter = table_time(tg, kg, tt, float(batch + (step if step < todo else todo)), float(pk))
+    first = now + wait + (-(-todo // step)) * t_iter
+    return fits and chunk >= 1 and first <= deadline, load, pk, first
+
+
 @njit(**_JIT)
-def co_admission(cand: np.ndarray, curve_of: np.ndarray, host_tpot: np.ndarray, rem: np.ndarray, csum: np.ndarray,
-                 n_res: np.ndarray, q_pre: np.ndarray, kv_now: np.ndarray, busy_until: np.ndarray, cap: np.ndarray,
-                 max_seqs: np.ndarray, grid: np.ndarray, curves: np.ndarray, tg: np.ndarray, kg: np.ndarray,
-                 tt: np.ndarray, ctx: int, prompt: int, r0: int, now: float, deadline: float, ok: np.ndarray,
-                 load: np.ndarray, peak: np.ndarray, first: np.ndarray) -> None:
-    """``PolyServeRouter.admission`` over candidate instances ``cand`` (co-located, §4.5-4.7): candidate ``m``'s
-    host TPOT is ``host_tpot[m]``, whose token-budget curve is row ``curve_of[m]`` of ``curves``. Writes the
-    verdict arrays ``ok``, ``load``, ``peak`` and ``first`` (predicted first-token time)."""
+def verdicts(decode: bool, cand: np.ndarray, curve_of: np.ndarray, host_tpot: np.ndarray, grid: np.ndarray,
+             curves: np.ndarray, rem: np.ndarray, csum: np.ndarray, n_res: np.ndarray, q_pre: np.ndarray,
+             kv_now: np.ndarray, busy_until: np.ndarray, cap: np.ndarray, max_seqs: np.ndarray, tg: np.ndarray,
+             kg: np.ndarray, tt: np.ndarray, ctx: int, prompt: int, r0: int, now: float, deadline: float,
+             xfer: float, ok: np.ndarray, load: np.ndarray, peak: np.ndarray, first: np.ndarray) -> None:
+    """:func:`_verdict` on each candidate instance ``cand[m]`` with host TPOT ``host_tpot[m]`` (token-budget curve:
+    row ``curve_of[m]`` of ``curves``), written to ``ok``, ``load``, ``peak`` and ``first``."""
     for m in range(cand.size):
-        j = cand[m]
-        n = n_res[j]
-        pk = future_kv_peak_one(rem, csum, j, n, ctx, r0)
-        batch = n + 1
-        chunk = token_budget(grid, curves[curve_of[m]], float(pk)) - batch
-        todo = q_pre[j] + prompt
-        step = chunk if chunk > 1 else 1
-        iters = -(-todo // step)
-        t_dec = table_time(tg, kg, tt, float(batch), float(pk))
-        t_iter = table_time(tg, kg, tt, float(batch + (step if step < todo else todo)), float(pk))
-        load[m] = table_time(tg, kg, tt, float(n), float(kv_now[j])) if n > 0 else 0.0
-        wait = busy_until[j] - now
-        f = now + (wait if wait > 0.0 else 0.0) + iters * t_iter
-        peak[m] = pk
-        first[m] = f
-        ok[m] = (t_dec <= host_tpot[m] and chunk >= 1 and f <= deadline and pk <= cap[j]
-                 and batch <= max_seqs[j])
+        ok[m], load[m], peak[m], first[m] = _verdict(
+            decode, cand[m], host_tpot[m], curves[curve_of[m]], grid, rem, csum, n_res, q_pre, kv_now, busy_until,
+            cap, max_seqs, tg, kg, tt, ctx, prompt, r0, now, deadline, xfer)
+
+
+@njit(**_JIT)
+def place(t: int, n_tiers: int, label: np.ndarray, host_rank: np.ndarray, idle_label: np.ndarray,
+          res_tight: np.ndarray, decode: bool, engine_of: np.ndarray, xfer_of: np.ndarray, grid: np.ndarray,
+          curves: np.ndarray, row_tpot: np.ndarray, rem: np.ndarray, csum: np.ndarray, n_res: np.ndarray,
+          q_pre: np.ndarray, kv_now: np.ndarray, busy_until: np.ndarray, cap: np.ndarray, max_seqs: np.ndarray,
+          tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, ctx: int, prompt: int, r0: int, now: float,
+          deadline: float) -> tuple[int, bool]:
+    """Steps 1-3 of PolyServe's routing rule (``PolyServeRouter._place``) for a request of tier ``t`` over all
+    instances, in one pass: returns (instance, scale-up) or (-1, False) when nothing admits.
+
+    Candidates: instances whose label hosts tier ``t`` (``host_rank[label] < NO_HOST``: own tier, then tighter
+    ones nearest first -- lazy promotion), else, for a tiered request, idle ones (``idle_label``: pool or
+    pending list) whose residents are all of tier >= ``t`` (scale-up, at tier ``t``'s TPOT). Among the admitting
+    candidates the nearest host tier wins, scale-up last; within it the highest load (the lowest index on ties):
+    the load gradient. ``decode``: decode admission, with the KV transfer time ``xfer_of`` of the engine of the
+    first candidate (``engine_of``)."""
+    best, best_rank, best_load, best_up = -1, NO_HOST + 1, -1.0, False
+    tier_row = t if t < n_tiers - 1 else n_tiers - 1
+    xfer = -1.0
+    for j in range(label.size):
+        rank = host_rank[label[j]]
+        up = rank >= NO_HOST
+        if up:
+            if not (t < n_tiers and idle_label[label[j]] and res_tight[j] >= t):
+                continue
+            row = tier_row
+        else:
+            row = label[j] if label[j] < n_tiers else n_tiers
+        if xfer < 0.0:
+            xfer = xfer_of[engine_of[j]]
+        ok, load, _, _ = _verdict(decode, j, row_tpot[row], curves[row], grid, rem, csum, n_res, q_pre, kv_now,
+                                  busy_until, cap, max_seqs, tg, kg, tt, ctx, prompt, r0, now, deadline, xfer)
+        if ok and (rank < best_rank or (rank == best_rank and load > best_load)):
+            best, best_rank, best_load, best_up = j, rank, load, up
+    return best, best_up
+
+
+@njit(**_JIT)
+def stale(busy_until: np.ndarray, n_res: np.ndarray, checked: np.ndarray, now: float) -> np.ndarray:
+    """Instances whose predicted iteration ended before ``now`` with residents left, not re-read since."""
+    out = np.empty(n_res.size, np.int64)
+    k = 0
+    for j in range(n_res.size):
+        if busy_until[j] < now and n_res[j] > 0 and not checked[j]:
+            out[k] = j
+            k += 1
+    return out[:k]
