@@ -352,7 +352,7 @@ class Fleet:
     def resync(self, now: float) -> bool:
         """Re-read every instance whose resident count changed since its row was written (finishes are seen
         only at the next batch formation; a pending request retried at a finish must see it). True if any."""
-        actual = np.fromiter((i.n_resident for i in self.sim.instances), np.int64, len(self.sim.instances))
+        actual = np.array([len(i.running) + len(i.waiting) for i in self.sim.instances], np.int64)  # n_resident
         diff = np.flatnonzero(actual != self.n_res)
         for j in diff.tolist():
             self.read(self.sim.instances[j])
@@ -491,14 +491,13 @@ class PolyScheduler(Scheduler):
     def reset(self, sim: "Simulator") -> None:
         self.core.ensure(sim)
 
-    def _deadline_order(self, inst: Instance, cands: list[int]) -> list[int]:
-        if len(cands) < 2:
-            return cands
-        rs, w = inst.sim.rs, inst.sim.w
+    def _deadline_order(self, inst: Instance, cands: list[int]) -> np.ndarray:
+        """Prefill candidates by TTFT deadline, demoted / best-effort ones last (ties: arrival, then queue order)."""
         c = np.array(cands, np.int64)
-        dl = rs.ready[c] + w.stage_ttft[rs.stage[c]]
-        dl = np.where(rs.be[c], INF, dl)
-        return c[np.lexsort((w.arrival[c], dl))].tolist()
+        if c.size < 2:
+            return c
+        rs, w = inst.sim.rs, inst.sim.w
+        return pk.deadline_order(c, rs.ready, rs.stage, w.stage_ttft, rs.be, w.arrival)
 
     def next_batch(self, inst: Instance, now: float) -> Batch | None:
         fleet = self.core.fleet
@@ -552,7 +551,7 @@ class PolyScheduler(Scheduler):
         free = inst.free_blocks
         reqs: list[int] = []
         toks: list[int] = []
-        for r in self._deadline_order(inst, pre + inst.waiting):
+        for r in self._deadline_order(inst, pre + inst.waiting).tolist():
             if budget <= 0 or len(reqs) >= self.max_num_seqs:
                 break
             rem = int(inst.remaining([r])[0])

@@ -84,6 +84,46 @@ def token_budget(grid: np.ndarray, curve: np.ndarray, kv: float) -> int:
     return int(np.floor(interp(kv, grid, curve)))
 
 
+# ============================================================================ batch formation (§2.4, §4.5)
+@njit(**_JIT)
+def deadline_order(cands: np.ndarray, ready: np.ndarray, stage: np.ndarray, stage_ttft: np.ndarray,
+                   be: np.ndarray, arrival: np.ndarray) -> np.ndarray:
+    """``cands`` by TTFT deadline (``ready + TTFT`` of the current stage; best effort last), then arrival, then
+    their given order: ``np.lexsort((arrival, deadline))``, as a bottom-up stable merge sort."""
+    n = cands.size
+    dl = np.empty(n)
+    arr = np.empty(n)
+    for m in range(n):
+        r = cands[m]
+        dl[m] = INF if be[r] else ready[r] + stage_ttft[stage[r]]
+        arr[m] = arrival[r]
+    idx = np.arange(n)
+    tmp = np.empty(n, np.int64)
+    width = 1
+    while width < n:
+        for lo in range(0, n, 2 * width):
+            mid, hi = min(lo + width, n), min(lo + 2 * width, n)
+            i, k, out = lo, mid, lo
+            while i < mid and k < hi:
+                a, b = idx[i], idx[k]
+                if dl[b] < dl[a] or (dl[b] == dl[a] and arr[b] < arr[a]):  # the right run only when strictly first
+                    tmp[out] = b
+                    k += 1
+                else:
+                    tmp[out] = a
+                    i += 1
+                out += 1
+            tmp[out:out + mid - i] = idx[i:mid]
+            out += mid - i
+            tmp[out:out + hi - k] = idx[k:hi]
+        idx, tmp = tmp, idx
+        width *= 2
+    res = np.empty(n, np.int64)
+    for m in range(n):
+        res[m] = cands[idx[m]]
+    return res
+
+
 # ============================================================================ per-instance state
 @njit(**_JIT)
 def observe_row(I: np.ndarray, res: np.ndarray, rtier: np.ndarray, rtpot: np.ndarray, be: np.ndarray,
@@ -156,29 +196,34 @@ def future_kv_peak_one(rem: np.ndarray, csum: np.ndarray, j: int, n: int, c0: in
 
 
 @njit(**_INLINE)
-def _verdict(decode: bool, j: int, host_tpot: float, curve: np.ndarray, grid: np.ndarray, rem: np.ndarray,
-             csum: np.ndarray, n_res: np.ndarray, q_pre: np.ndarray, kv_now: np.ndarray, busy_until: np.ndarray,
-             cap: np.ndarray, max_seqs: np.ndarray, tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, ctx: int,
-             prompt: int, r0: int, now: float, deadline: float, xfer: float) -> tuple[bool, float, int, float]:
+def _admits(decode: bool, j: int, host_tpot: float, curve: np.ndarray, grid: np.ndarray, rem: np.ndarray,
+            csum: np.ndarray, n_res: np.ndarray, q_pre: np.ndarray, kv_now: np.ndarray, busy_until: np.ndarray,
+            cap: np.ndarray, max_seqs: np.ndarray, tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, ctx: int,
+            prompt: int, r0: int, now: float, deadline: float, xfer: float) -> tuple[bool, int, float]:
     """Admission of one request on instance ``j`` (the rules are ``PolyServeRouter.admission`` (co-located) and
-    ``decode_admission`` (``decode``)): (admitted, load, future KV peak, predicted first / next token time)."""
+    ``decode_admission`` (``decode``)): (admitted, future KV peak, predicted first / next token time)."""
     n = n_res[j]
     pk = future_kv_peak_one(rem, csum, j, n, ctx, r0)
     batch = n + 1
     t_dec = table_time(tg, kg, tt, float(batch), float(pk))
-    load = table_time(tg, kg, tt, float(n), float(kv_now[j])) if n > 0 else 0.0
     wait = busy_until[j] - now
     wait = wait if wait > 0.0 else 0.0
     fits = t_dec <= host_tpot and pk <= cap[j] and batch <= max_seqs[j]
     if decode:
         nxt = now + xfer + wait + t_dec
-        return fits and nxt <= deadline, load, pk, nxt
+        return fits and nxt <= deadline, pk, nxt
     chunk = token_budget(grid, curve, float(pk)) - batch
     todo = q_pre[j] + prompt
     step = chunk if chunk > 1 else 1
     t_iter = table_time(tg, kg, tt, float(batch + (step if step < todo else todo)), float(pk))
     first = now + wait + (-(-todo // step)) * t_iter
-    return fits and chunk >= 1 and first <= deadline, load, pk, first
+    return fits and chunk >= 1 and first <= deadline, pk, first
+
+
+@njit(**_INLINE)
+def _load(tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, n_res: np.ndarray, kv_now: np.ndarray, j: int) -> float:
+    """Load of instance ``j``: the profile time of its current decode batch (0 when empty)."""
+    return table_time(tg, kg, tt, float(n_res[j]), float(kv_now[j])) if n_res[j] > 0 else 0.0
 
 
 @njit(**_JIT)
@@ -187,12 +232,13 @@ def verdicts(decode: bool, cand: np.ndarray, curve_of: np.ndarray, host_tpot: np
              kv_now: np.ndarray, busy_until: np.ndarray, cap: np.ndarray, max_seqs: np.ndarray, tg: np.ndarray,
              kg: np.ndarray, tt: np.ndarray, ctx: int, prompt: int, r0: int, now: float, deadline: float,
              xfer: float, ok: np.ndarray, load: np.ndarray, peak: np.ndarray, first: np.ndarray) -> None:
-    """:func:`_verdict` on each candidate instance ``cand[m]`` with host TPOT ``host_tpot[m]`` (token-budget curve:
-    row ``curve_of[m]`` of ``curves``), written to ``ok``, ``load``, ``peak`` and ``first``."""
+    """:func:`_admits` and :func:`_load` of each candidate instance ``cand[m]`` with host TPOT ``host_tpot[m]``
+    (token-budget curve: row ``curve_of[m]`` of ``curves``), written to ``ok``, ``load``, ``peak``, ``first``."""
     for m in range(cand.size):
-        ok[m], load[m], peak[m], first[m] = _verdict(
+        ok[m], peak[m], first[m] = _admits(
             decode, cand[m], host_tpot[m], curves[curve_of[m]], grid, rem, csum, n_res, q_pre, kv_now, busy_until,
             cap, max_seqs, tg, kg, tt, ctx, prompt, r0, now, deadline, xfer)
+        load[m] = _load(tg, kg, tt, n_res, kv_now, cand[m])
 
 
 @njit(**_JIT)
@@ -209,8 +255,9 @@ def place(t: int, n_tiers: int, label: np.ndarray, host_rank: np.ndarray, idle_l
     ones nearest first -- lazy promotion), else, for a tiered request, idle ones (``idle_label``: pool or
     pending list) whose residents are all of tier >= ``t`` (scale-up, at tier ``t``'s TPOT). Among the admitting
     candidates the nearest host tier wins, scale-up last; within it the highest load (the lowest index on ties):
-    the load gradient. ``decode``: decode admission, with the KV transfer time ``xfer_of`` of the engine of the
-    first candidate (``engine_of``)."""
+    the load gradient. A candidate of a farther tier than an admitting one found already cannot win and is not
+    evaluated. ``decode``: decode admission, with the KV transfer time ``xfer_of`` of the engine of the first
+    candidate (``engine_of``)."""
     best, best_rank, best_load, best_up = -1, NO_HOST + 1, -1.0, False
     tier_row = t if t < n_tiers - 1 else n_tiers - 1
     xfer = -1.0
@@ -225,9 +272,14 @@ def place(t: int, n_tiers: int, label: np.ndarray, host_rank: np.ndarray, idle_l
             row = label[j] if label[j] < n_tiers else n_tiers
         if xfer < 0.0:
             xfer = xfer_of[engine_of[j]]
-        ok, load, _, _ = _verdict(decode, j, row_tpot[row], curves[row], grid, rem, csum, n_res, q_pre, kv_now,
-                                  busy_until, cap, max_seqs, tg, kg, tt, ctx, prompt, r0, now, deadline, xfer)
-        if ok and (rank < best_rank or (rank == best_rank and load > best_load)):
+        if rank > best_rank:
+            continue
+        ok, _, _ = _admits(decode, j, row_tpot[row], curves[row], grid, rem, csum, n_res, q_pre, kv_now, busy_until,
+                           cap, max_seqs, tg, kg, tt, ctx, prompt, r0, now, deadline, xfer)
+        if not ok:
+            continue
+        load = _load(tg, kg, tt, n_res, kv_now, j)
+        if rank < best_rank or load > best_load:
             best, best_rank, best_load, best_up = j, rank, load, up
     return best, best_up
 
