@@ -73,7 +73,7 @@ def _accept(x: float, u: float) -> bool:
     (x <= 0) decide without a branch; the log is taken only between them (rare)."""
     low = 1.0 + x
     ok = (x >= 0.0) | (u <= low)
-    if not ok and u <= low + 0.5 * x * x:
+    if (u <= low + 0.5 * x * x) & (not ok):   # bitwise: no branch on ``ok`` itself
         ok = np.log(u) <= x
     return ok
 
@@ -169,51 +169,48 @@ def _apply(plans: np.ndarray, q: int, n: int, bmax: int, kind: int, r: int, r2: 
 
 # ============================================================================ B_max = 1: swaps scored incrementally
 @njit(**_INLINE)
-def _swap_setup(g: np.ndarray, exec_time: np.ndarray, limit: np.ndarray, pos: np.ndarray, times: np.ndarray,
+def _swap_setup(g: np.ndarray, exec_time: np.ndarray, limit: np.ndarray, order: np.ndarray, done: np.ndarray,
                 q: int) -> tuple[float, float]:
-    """Row ``q`` := plan ``g`` (position of each request) in the ``B_max = 1`` layout: ``pos`` (K, N) = ``g``,
-    ``times`` (K, 3N) = execution time, deadline and completion time per position. Returns its SLOs met and
-    latency sum (a prefix sum in position order, as :func:`_score`)."""
+    """Row ``q`` := plan ``g`` (position of each request) in the ``B_max = 1`` layout: ``order`` (K, N) the request
+    at each position, ``done`` (K, N) its completion time. Returns its SLOs met and latency sum (a prefix sum in
+    position order, as :func:`_score`)."""
     n = g.shape[0]
     for j in range(n):
-        pos[q, j] = g[j]
-        times[q, g[j]] = exec_time[0, j]
-        times[q, n + g[j]] = limit[0, j]
+        order[q, g[j]] = j
     met = lat = acc = 0.0
     for k in range(n):
-        acc += times[q, k]
-        times[q, 2 * n + k] = acc
+        j = order[q, k]
+        acc += exec_time[0, j]
+        done[q, k] = acc
         lat += acc
-        met += acc <= times[q, n + k]
+        met += acc <= limit[0, j]
     return met, lat
 
 
 @njit(**_INLINE)
-def _swap_score(times: np.ndarray, q: int, n: int, a: int, b: int) -> tuple[float, float]:
-    """SLOs met after swapping the requests at positions ``a < b`` of row ``q``, and the shift ``d`` of the
-    completion times of positions ``a..b-1`` (the latency sum changes by ``(b - a) d``). One branch-free pass."""
-    d = times[q, b] - times[q, a]
-    met = 0   # an integer count: the loop vectorizes
+def _swap_score(order: np.ndarray, done: np.ndarray, e: np.ndarray, limit: np.ndarray, q: int, n: int, a: int,
+                b: int) -> tuple[float, float]:
+    """SLOs met after swapping the requests at positions ``a < b`` of row ``q`` (``e``, ``limit``: execution time
+    and deadline per request), and the shift ``d`` of the completion times of positions ``a..b-1`` (the latency sum
+    changes by ``(b - a) d``). One pass without branches."""
+    x, y = order[q, a], order[q, b]
+    d = e[y] - e[x]
+    met = 0   # an integer count
     for k in range(n):
-        done = times[q, 2 * n + k] + (d if a <= k < b else 0.0)
-        lim = times[q, n + b] if k == a else (times[q, n + a] if k == b else times[q, n + k])
-        met += done <= lim
+        j = y if k == a else (x if k == b else order[q, k])
+        met += done[q, k] + (d if a <= k < b else 0.0) <= limit[j]
     return float(met), d
 
 
 @njit(**_INLINE)
-def _swap_commit(pos: np.ndarray, times: np.ndarray, q: int, n: int, r: int, r2: int, a: int, b: int,
-                 d: float, ok: bool) -> None:
-    """If ``ok``, apply the swap of requests ``r``, ``r2`` at positions ``a < b`` (in either order) scored by
-    :func:`_swap_score`; branch-free (selects), since the Metropolis outcome is unpredictable."""
-    pr, pr2 = pos[q, r], pos[q, r2]
-    pos[q, r], pos[q, r2] = (pr2, pr) if ok else (pr, pr2)
-    for base in (0, n):
-        ta, tb = times[q, base + a], times[q, base + b]
-        times[q, base + a], times[q, base + b] = (tb, ta) if ok else (ta, tb)
+def _swap_commit(order: np.ndarray, done: np.ndarray, q: int, n: int, a: int, b: int, d: float, ok: bool) -> None:
+    """If ``ok``, apply the swap of positions ``a < b`` scored by :func:`_swap_score`; with selects instead of
+    branches, since the Metropolis outcome is unpredictable."""
+    x, y = order[q, a], order[q, b]
+    order[q, a], order[q, b] = (y, x) if ok else (x, y)
     shift = d if ok else 0.0
     for k in range(n):
-        times[q, 2 * n + k] += shift if a <= k < b else 0.0
+        done[q, k] += shift if a <= k < b else 0.0
 
 
 # ============================================================================ population
@@ -306,11 +303,12 @@ def anneal_population(start: np.ndarray, exec_time: np.ndarray, latest: np.ndarr
     n = start.shape[0]
     bmax = exec_time.shape[0]
     limit = _limits(exec_time, latest)
-    ints = np.empty((m, n if bmax == 1 else 2 * n), np.int64)    # the plans, one row each (module doc)
-    floats = np.empty((m, 3 * n if bmax == 1 else 0))
+    ints = np.empty((m, n if bmax == 1 else 2 * n), np.int32)   # the plans, one row each (module doc)
+    floats = np.empty((m, n if bmax == 1 else 0))
     scores = np.empty((3, m))                                     # SLOs met, latency sum, G
     met, lat, g = scores[0], scores[1], scores[2]
     dur = np.empty(n)
+    e, lim = exec_time[0], limit[0]
     if bmax == 1:
         met[0], lat[0] = _swap_setup(start, exec_time, limit, ints, floats, 0)
     else:
@@ -320,8 +318,8 @@ def anneal_population(start: np.ndarray, exec_time: np.ndarray, latest: np.ndarr
     for i in range(1, m):
         _copy_plan(ints, floats, scores, 0, i)
     keep, w = np.empty(m, np.int64), np.empty(m)
-    act, ra, rb = np.empty(m, np.int64), np.empty(m, np.int64), np.empty(m, np.int64)
-    best, g_best = start.copy(), g[0]
+    act, pa, pb = np.empty(m, np.int64), np.empty(m, np.int64), np.empty(m, np.int64)
+    best, best_row, g_best = start.copy(), ints[0].copy(), g[0]
     s = np.uint64(seed)
     for lvl in range(temps.shape[0]):
         t = temps[lvl]
@@ -331,28 +329,28 @@ def anneal_population(start: np.ndarray, exec_time: np.ndarray, latest: np.ndarr
             _regroup(ints, floats, scores, keep)
         beta = scale / t
         if bmax == 1:
+            # a swap of requests r, r2 (uniform) is a swap of positions (uniform: a plan is a bijection); squeeze
+            # and delay are no-ops. First the plans whose move is a swap of two positions, then those moves.
             cnt = 0
-            for i in range(m):   # the plans whose move is a swap of two requests (the others are no-ops)
+            for i in range(m):
                 s, z = _next(s)
                 kind, r, r2 = _move(z, n)
                 act[cnt] = i
-                ra[cnt] = r
-                rb[cnt] = r2
+                pa[cnt] = min(r, r2)
+                pb[cnt] = max(r, r2)
                 cnt += (kind == 2) & (r != r2)
             for c in range(cnt):
-                i, r, r2 = act[c], ra[c], rb[c]
-                a, b = min(ints[i, r], ints[i, r2]), max(ints[i, r], ints[i, r2])
-                m_new, d = _swap_score(floats, i, n, a, b)
+                i, a, b = act[c], pa[c], pb[c]
+                m_new, d = _swap_score(ints, floats, e, lim, i, n, a, b)
                 l_new = lat[i] + (b - a) * d
                 g_new = m_new / (l_new + offset_sum)
                 s, z = _next(s)
                 ok = _accept((g_new - g[i]) * beta, _unit(z))
-                _swap_commit(ints, floats, i, n, r, r2, a, b, d, ok)
-                if ok:
-                    met[i], lat[i], g[i] = m_new, l_new, g_new
-                if ok and g_new > g_best:
+                _swap_commit(ints, floats, i, n, a, b, d, ok)
+                met[i], lat[i], g[i] = (m_new, l_new, g_new) if ok else (met[i], lat[i], g[i])
+                if (g_new > g_best) & ok:   # bitwise: no branch on ``ok`` itself
                     g_best = g_new
-                    best[:] = ints[i]
+                    best_row[:] = ints[i]
             continue
         for i in range(m):
             s, z = _next(s)
@@ -372,6 +370,9 @@ def anneal_population(start: np.ndarray, exec_time: np.ndarray, latest: np.ndarr
                     best[:] = ints[i, :n]
             else:   # rejected: undo
                 _apply(ints, i, n, bmax, kind, r, r2, was)
+    if bmax == 1:
+        for k in range(n):
+            best[best_row[k]] = k
     m_best, l_best = score_plans(best[None], exec_time, latest)
     return best, m_best[0] / (l_best[0] + offset_sum)
 
@@ -400,16 +401,16 @@ def propose(cur: np.ndarray, exec_time: np.ndarray, latest: np.ndarray, kind: np
     bmax = exec_time.shape[0]
     limit = _limits(exec_time, latest)
     out, met, lat = cur.copy(), np.empty(k), np.empty(k)
-    row, times, dur = np.empty((1, 2 * n), np.int64), np.empty((1, 3 * n)), np.empty(n)
+    row, times, dur = np.empty((1, 2 * n), np.int64), np.empty((1, n)), np.empty(n)
     for i in range(k):
         if bmax == 1:
             met[i], lat[i] = _swap_setup(cur[i], exec_time, limit, row, times, 0)
-            a, b = min(row[0, r[i]], row[0, r2[i]]), max(row[0, r[i]], row[0, r2[i]])
+            a, b = min(cur[i, r[i]], cur[i, r2[i]]), max(cur[i, r[i]], cur[i, r2[i]])
             if kind[i] == 2 and a < b:
-                met[i], d = _swap_score(times, 0, n, a, b)
+                met[i], d = _swap_score(row, times, exec_time[0], limit[0], 0, n, a, b)
                 lat[i] += (b - a) * d
-                _swap_commit(row, times, 0, n, r[i], r2[i], a, b, d, True)
-            out[i] = row[0, :n]
+                _swap_commit(row, times, 0, n, a, b, d, True)
+                out[i, row[0, a]], out[i, row[0, b]] = a, b
             continue
         _fill_row(cur[i], bmax, row, 0)
         to = _target(row, 0, n, bmax, kind[i], r[i], r2[i])
