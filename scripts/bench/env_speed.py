@@ -1,56 +1,107 @@
-"""Environment steps per wall second: each env with a random policy and with its baseline (expert) policy,
-as a single env and as the native batched vector env (N = 16, 64). Run on one core:
+"""Environment steps per second: each env with a random policy and with its baseline (expert) policy, as a
+single env and as the native batched vector env (N = 16, 64) with random actions; plus the reference the env
+cannot beat, measured in the same run: the simulator alone, paused at every decision of the env's kind and
+answered by the baseline policy directly (no observation, action decoding or reward). Run on one core:
 
-    taskset -c 0 .venv/bin/python scripts/bench/env_speed.py [--steps 2000] [--scenario chatbot]
+    taskset -c 0 .venv/bin/python scripts/bench/env_speed.py [--steps 2000] [--scenario chatbot] [--clock cpu]
+
+Each figure is the fastest of ``--repeat`` runs (default 3). ``--clock cpu`` (default) times process CPU
+seconds, which a shared machine disturbs far less than wall seconds; ``--clock wall`` times wall seconds.
+The last column is baseline / simulator-alone: the fraction of the attainable speed the env keeps.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 
 import gymnasium as gym
-import numpy as np
 
 import slogym  # noqa: F401  (registers the envs)
+from slogym.baselines import make_policy
+from slogym.core.simulator import Simulator
 
 ENVS = {"slogym/Admission-v0": {}, "slogym/Routing-v0": {"n_instances": 4, "policy": "round-robin"},
         "slogym/Batching-v0": {}}
+CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 
 
-def single(env_id: str, kw: dict, steps: int, expert: bool) -> float:
+def single(env_id: str, kw: dict, steps: int, expert: bool, clock: Callable[[], float], repeat: int) -> float:
+    env = gym.make(env_id, **kw).unwrapped
+    rates = []
+    for _ in range(repeat):
+        env.reset(seed=0)
+        env.action_space.seed(0)
+        t0 = clock()
+        for _ in range(steps):
+            a = env.expert_action() if expert else env.action_space.sample()
+            _, _, done, _, _ = env.step(a)
+            if done:
+                env.reset()
+        rates.append(steps / (clock() - t0))
+    return max(rates)
+
+
+def vector(env_id: str, kw: dict, steps: int, n: int, clock: Callable[[], float], repeat: int) -> float:
+    venv = gym.make_vec(env_id, num_envs=n, vectorization_mode="vector_entry_point", **kw)
+    rounds = max(steps // n, 1)
+    rates = []
+    for _ in range(repeat):
+        venv.reset(seed=0)
+        venv.action_space.seed(0)
+        t0 = clock()
+        for _ in range(rounds):
+            venv.step(venv.action_space.sample())
+        rates.append(rounds * n / (clock() - t0))
+    return max(rates)
+
+
+def simulator_alone(env_id: str, kw: dict, steps: int, clock: Callable[[], float], repeat: int) -> float:
+    """``steps`` decisions of the env's kind on its first episode window (replayed as needed), each answered
+    by the baseline policy straight from the paused simulator."""
     env = gym.make(env_id, **kw).unwrapped
     env.reset(seed=0)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        a = env.expert_action() if expert else env.action_space.sample()
-        _, _, done, _, _ = env.step(a)
-        if done:
-            env.reset()
-    return steps / (time.perf_counter() - t0)
-
-
-def vector(env_id: str, kw: dict, steps: int, n: int) -> float:
-    venv = gym.make_vec(env_id, num_envs=n, vectorization_mode="vector_entry_point", **kw)
-    venv.reset(seed=0)
-    rounds = max(steps // n, 1)
-    t0 = time.perf_counter()
-    for _ in range(rounds):
-        venv.step(venv.action_space.sample())
-    return rounds * n / (time.perf_counter() - t0)
+    rates = []
+    for _ in range(repeat):
+        n, elapsed = 0, 0.0
+        while n < steps:
+            pol = make_policy(env.policy_name, env.engine)
+            sim = Simulator(env.sim.w, env.engine, pol, env.n_instances, seed=0, attainment=env.attainment)
+            env._configure(sim)
+            route = env.decision == "route"
+            t0 = clock()
+            decisions = sim.decisions()
+            try:
+                msg = next(decisions)
+                while n < steps:
+                    n += 1
+                    msg = decisions.send(pol.router.route(msg[1], sim, msg[2]) if route
+                                         else pol.scheduler.next_batch(msg[1], msg[2]))
+            except StopIteration:
+                pass
+            elapsed += clock() - t0
+        rates.append(steps / elapsed)
+    return max(rates)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--scenario", default="chatbot")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
     a = ap.parse_args()
-    print(f"{'env':22s} {'random':>9s} {'baseline':>9s} {'vec N=16':>9s} {'vec N=64':>9s}   (steps/s)")
+    clock = CLOCKS[a.clock]
+    print(f"steps per {a.clock} second, fastest of {a.repeat}")
+    print(f"{'env':22s} {'random':>9s} {'baseline':>9s} {'vec N=16':>9s} {'vec N=64':>9s} {'sim alone':>9s} "
+          f"{'baseline/sim':>12s}")
     for env_id, extra in ENVS.items():
         kw = dict(scenario=a.scenario, episode=512, seed=0, **extra)
-        row = [single(env_id, kw, a.steps, False), single(env_id, kw, a.steps, True),
-               vector(env_id, kw, a.steps, 16), vector(env_id, kw, a.steps, 64)]
-        print(f"{env_id:22s} " + " ".join(f"{v:9.0f}" for v in row))
+        row = [single(env_id, kw, a.steps, False, clock, a.repeat), single(env_id, kw, a.steps, True, clock, a.repeat),
+               vector(env_id, kw, a.steps, 16, clock, a.repeat), vector(env_id, kw, a.steps, 64, clock, a.repeat),
+               simulator_alone(env_id, kw, a.steps, clock, a.repeat)]
+        print(f"{env_id:22s} " + " ".join(f"{v:9.0f}" for v in row) + f" {row[1] / row[4]:12.2f}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,134 @@
+"""The compiled env kernels against plain-Python / NumPy oracles written from the documented rules, on live
+simulator states (busy instances: many running requests, a queue, KV pressure)."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import slogym  # noqa: F401
+from slogym.baselines.common import BatchBuilder
+from slogym.core.batch import BatchFeatures
+from slogym.envs import kernels
+from slogym.envs.base import CLIP, log_token_table, log_tokens
+from slogym.envs.batching import PREEMPT, SKIP, budget_of
+
+
+def busy_batching_env(steps: int = 150, **kw):
+    """A Batching-v0 env driven by random scores into a loaded state (random scores preempt and skip)."""
+    env = gym.make("slogym/Batching-v0", scenario="chatbot", rate_scale=3.0, episode=300, seed=0,
+                   pool_requests=1000, **kw).unwrapped
+    env.reset(seed=1)
+    env.action_space.seed(2)
+    for _ in range(steps):
+        env.step(env.action_space.sample())
+    return env
+
+
+def form_oracle(inst, cands: list[int], sc: list[float], level: float):
+    """Batching-v0's batch rules (module docstring) one candidate at a time with the shared BatchBuilder."""
+    rs = inst.sim.rs
+    running = set(inst.running)
+    preempt = [r for r, s in zip(cands, sc) if s < PREEMPT and r in running]
+    free = inst.free_blocks + sum(int(rs.kv_blocks[r]) for r in preempt)
+    order = sorted((i for i, s in enumerate(sc) if s >= SKIP), key=lambda i: -sc[i])
+    victims = sorted((i for i, s in enumerate(sc) if cands[i] in running and s >= PREEMPT), key=lambda i: sc[i])
+    b = BatchBuilder(inst, budget_of(level), free)
+    for i in order:
+        if b.full:
+            break
+        r = cands[i]
+        if r in preempt:
+            continue
+        if b.is_decode(r):
+            while b.decode_need(r) > b.free and victims and sc[victims[0]] < sc[i]:
+                v = cands[victims.pop(0)]
+                if v not in b.reqs and v not in preempt:
+                    preempt.append(v)
+                    b.free += int(rs.kv_blocks[v])
+        b.take(r)
+    return b.reqs, b.toks, preempt
+
+
+def test_form_batch_follows_the_scoring_rules():
+    env = busy_batching_env()
+    rng = np.random.default_rng(0)
+    checked = preempted = 0
+    for _ in range(60):
+        inst = env._msg[1]
+        cands, n_run = env._candidates()
+        assert cands.tolist() == (inst.running + inst.waiting)[: env.K]
+        for _ in range(5):
+            # coarse scores make ties (candidate order decides) and every band (preempt / skip / schedule) likely
+            sc = np.round(rng.uniform(-1, 1, cands.size), 1)
+            level = float(rng.uniform(-1, -0.9))  # budgets of 16..1.6k tokens: some batches end on the budget
+            reqs, toks, pre = kernels.form_batch(env.sim.rs.I, cands, sc, n_run, inst.free_blocks, budget_of(level),
+                                                 inst.block_size, PREEMPT, SKIP)
+            want = form_oracle(inst, cands.tolist(), sc.tolist(), level)
+            assert (reqs.tolist(), toks.tolist(), pre.tolist()) == want
+            checked += 1
+            preempted += len(want[2]) > 0
+        env.step(env.action_space.sample())
+    assert checked == 300 and preempted > 0
+
+
+def test_candidate_features_match_the_numpy_definition():
+    env = busy_batching_env()
+    for _ in range(30):
+        _, inst, now = env._msg
+        rs, w = env.sim.rs, env.sim.w
+        c = np.array((inst.running + inst.waiting)[: env.K], dtype=np.int64)
+        n = c.size
+        want = np.zeros((env.K, 10), np.float32)
+        rem = rs.num_tokens[c] - rs.num_computed[c]
+        want[:n] = np.column_stack([
+            rs.status[c] == 4, rem == 1, log_tokens(rem), log_tokens(rs.num_tokens[c]), log_tokens(rs.generated[c]),
+            log_tokens(env.predictor.predict(w.app[c])[:, -1]), np.nan_to_num(rs.next_deadline(w, c) - now, posinf=CLIP),
+            np.minimum(w.min_tpot[c] / 0.1, CLIP), now - rs.ready[c], w.best_effort[c],
+        ])
+        obs = env._observe()
+        assert np.array_equal(obs["candidates"], np.clip(want, -CLIP, CLIP))
+        assert obs["valid"].sum() == n
+        env.step(env.action_space.sample())
+
+
+def test_arrival_cluster_features_match_the_numpy_definition():
+    env = gym.make("slogym/Routing-v0", scenario="mixed", rate_scale=3.0, n_instances=3, episode=300, seed=0,
+                   pool_requests=1000).unwrapped
+    env.reset(seed=1)
+    env.action_space.seed(2)
+    for _ in range(80):
+        sim, now = env.sim, env._msg[2]
+        rs, w = sim.rs, sim.w
+        slack = np.full((3, env.n_tiers), CLIP, np.float32)
+        inst_f = np.zeros((3, 5), np.float32)
+        for i, inst in enumerate(sim.instances):
+            if inst.waiting:
+                inst_f[i, 0] = float((rs.num_tokens[inst.waiting] - rs.num_computed[inst.waiting]).sum()) / 8192.0
+            inst_f[i, 1:4] = len(inst.waiting) / 64.0, len(inst.running) / inst.engine.max_num_seqs, inst.kv_utilization
+            if inst.running:
+                run = np.array(inst.running)
+                ctx = int((rs.num_computed[run] + 1).sum())
+                inst_f[i, 4] = inst.time_one(BatchFeatures(0, 0, 0, 0, run.size, run.size, ctx, ctx, 0)) / 0.1
+                s = np.clip(rs.next_deadline(w, run) - now, -CLIP, CLIP).astype(np.float32)
+                np.minimum.at(slack[i], w.tier[run], s)
+        obs = env._observe()
+        assert np.array_equal(obs["instances"], np.clip(inst_f, -CLIP, CLIP))
+        assert np.array_equal(obs["slack"], slack)
+        env.step(int(np.flatnonzero(env.action_masks())[0]) if env.np_random.random() < 0.2 else env.expert_action())
+
+
+def test_log_token_table_is_log_tokens_bit_for_bit():
+    x = np.random.default_rng(0).integers(0, 300_000, 5000)
+    table = log_token_table(int(x.max()) + 1)
+    assert table.size > x.max()
+    assert np.array_equal(table[x], log_tokens(x))
+    assert all(table[v] == log_tokens(v) for v in x[:50].tolist())
+
+
+def test_expert_batch_beyond_K_raises_naming_the_requests():
+    env = busy_batching_env(steps=40, K=2)
+    with pytest.raises(ValueError, match=r"not among the first K candidates"):
+        for _ in range(200):  # some Sarathi batch soon holds more than 2 requests
+            env.step(env.expert_action())
