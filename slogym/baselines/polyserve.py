@@ -300,16 +300,11 @@ class Fleet:
         """Refresh instance ``inst``'s row from its residents (one compiled pass, :func:`observe_row`; ``q_pre``
         still counts the chunks of the batch being formed). Returns the tightest TPOT among its residents with
         an SLO (``inf`` if none)."""
-        rs, j = self.sim.rs, inst.id
+        rs = self.sim.rs
         res = np.array(inst.running + inst.waiting, np.int64) if inst.waiting else inst.running_array()
-        n = res.size
-        self.n_res[j] = n
-        self._fit(n)
-        kv, todo, tight, self.res_tight[j] = pk.observe_row(rs.I, res, self.rtier, self.rtpot, rs.be,
-                                                            int(self.avg_len), self.rem, self.csum, j,
-                                                            self.n_tiers + 1)
-        self.kv_now[j], self.q_pre[j] = kv, todo
-        return tight
+        self._fit(res.size)
+        return pk.observe_row(rs.I, res, self.rtier, self.rtpot, rs.be, int(self.avg_len), self.rem, self.csum,
+                              self.n_res, self.kv_now, self.q_pre, self.res_tight, inst.id, self.n_tiers + 1)
 
     def formed(self, j: int, now: float, busy: float, chunk_tokens: int) -> None:
         """Instance ``j`` started an iteration predicted to take ``busy`` seconds, prefilling ``chunk_tokens``."""
@@ -336,6 +331,7 @@ class Fleet:
         self.res_tight[j] = min(int(self.res_tight[j]), int(self.rtier[r]))
 
     def _fit(self, n: int) -> None:
+        """Widen the rows to hold ``n`` residents."""
         if n > self.width:
             grow = max(n, 2 * self.width) - self.width
             self.rem = np.pad(self.rem, ((0, 0), (0, grow)))

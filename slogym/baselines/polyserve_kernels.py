@@ -127,12 +127,13 @@ def deadline_order(cands: np.ndarray, ready: np.ndarray, stage: np.ndarray, stag
 # ============================================================================ per-instance state
 @njit(**_JIT)
 def observe_row(I: np.ndarray, res: np.ndarray, rtier: np.ndarray, rtpot: np.ndarray, be: np.ndarray,
-                avg_len: int, rem: np.ndarray, csum: np.ndarray, j: int, no_tier: int,
-                ) -> tuple[int, int, float, int]:
-    """Write instance ``j``'s row of the fleet from its residents ``res`` (running then waiting): ``rem[j]`` the
-    predicted remaining tokens (average decode length minus generated, at least 1; §4.5) sorted descending
-    (stable), ``csum[j]`` the prefix sums of their lengths in that order. Returns (KV tokens now, tokens still to
-    compute, tightest TPOT among residents with an SLO, tightest resident tier or ``no_tier`` when empty)."""
+                avg_len: int, rem: np.ndarray, csum: np.ndarray, n_res: np.ndarray, kv_now: np.ndarray,
+                q_pre: np.ndarray, res_tight: np.ndarray, j: int, no_tier: int) -> float:
+    """Write instance ``j``'s row of the fleet (``Fleet.read``) from its residents ``res`` (running then waiting):
+    ``rem[j]`` the predicted remaining tokens (average decode length minus generated, at least 1; §4.5) sorted
+    descending (stable), ``csum[j]`` the prefix sums of their lengths in that order, ``n_res[j]``, ``kv_now[j]``
+    (their length sum), ``q_pre[j]`` (tokens still to compute) and ``res_tight[j]`` (the tightest resident tier,
+    ``no_tier`` when empty). Returns the tightest TPOT among the residents with an SLO."""
     n = res.size
     # counting sort by remaining tokens (1..avg_len), descending: stable, and linear in n + avg_len
     rank = np.empty(n, np.int64)
@@ -161,7 +162,11 @@ def observe_row(I: np.ndarray, res: np.ndarray, rtier: np.ndarray, rtpot: np.nda
             tier = rtier[r]
         if not be[r] and rtpot[r] < tight:
             tight = rtpot[r]
-    return acc, todo, tight, tier
+    n_res[j] = n
+    kv_now[j] = acc
+    q_pre[j] = todo
+    res_tight[j] = tier
+    return tight
 
 
 @njit(**_JIT)
