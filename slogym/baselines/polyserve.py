@@ -220,11 +220,17 @@ def future_kv_peak(rem: np.ndarray, csum: np.ndarray, n: np.ndarray, c0: int, r0
     resident with remaining ``r`` and context ``c`` holds ``c + k`` tokens while ``r > k``. The KV size rises
     between finishes and drops at them, so its maximum is reached at ``k = r - 1`` for some resident (or the new
     request): at ``k = rem[m] - 1`` the first ``m + 1`` residents are alive (prefix sum + ``(m+1) * k``; a tie
-    group evaluated at its last member), plus the new request when ``r0 >= rem[m]``. Exact for the model, and
-    one compiled pass per instance (:func:`polyserve_kernels.future_kv_peak_one`).
+    group evaluated at its last member), plus the new request when ``r0 >= rem[m]``. Exact for the model; with
+    the prefix / suffix maxima of :func:`polyserve_kernels.row_maxima` (kept in each fleet row) it takes
+    O(log n) per instance (:func:`polyserve_kernels.future_kv_peak_one`).
     """
     rem, csum = np.ascontiguousarray(rem, np.int64), np.ascontiguousarray(csum, np.int64)
-    return np.array([pk.future_kv_peak_one(rem, csum, i, int(k), c0, r0) for i, k in enumerate(n)], np.int64)
+    pb, sa = np.empty_like(rem), np.empty_like(rem)
+    out = np.empty(rem.shape[0], np.int64)
+    for i, k in enumerate(np.asarray(n).tolist()):
+        pk.row_maxima(rem, csum, pb, sa, i, k)
+        out[i] = pk.future_kv_peak_one(rem, csum, pb, sa, i, k, c0, r0)
+    return out
 
 
 # ============================================================================ per-instance state
@@ -239,6 +245,7 @@ class Fleet:
     busy_until predicted end of the iteration in flight (profile table; §4.6 wait time)
     res_tight  the tightest tier among the residents (``n_tiers``: best effort; ``n_tiers + 1``: none)
     rem, csum  residents sorted by predicted remaining tokens (desc) and prefix sums of their lengths
+    pb, sa     their future-KV maxima (:func:`polyserve_kernels.row_maxima`)
     curves     token-budget curves (:meth:`ProfileTable.budget_curve`) of the tiers' TPOTs, then of no TPOT (row
                ``n_tiers``): a label's host TPOT reads row ``min(label, n_tiers)``
     """
@@ -284,6 +291,8 @@ class Fleet:
         self.width = 64
         self.rem = np.zeros((n, self.width), np.int64)
         self.csum = np.zeros((n, self.width), np.int64)
+        self.pb = np.zeros((n, self.width), np.int64)
+        self.sa = np.zeros((n, self.width), np.int64)
         self.joined: list[list[int]] = [[] for _ in range(self.n_tiers + 1)]
         self.use_since = np.full(n, np.nan)
         self.used_seconds = np.zeros(n)
@@ -304,7 +313,8 @@ class Fleet:
         res = np.array(inst.running + inst.waiting, np.int64) if inst.waiting else inst.running_array()
         self._fit(res.size)
         return pk.observe_row(rs.I, res, self.rtier, self.rtpot, rs.be, int(self.avg_len), self.rem, self.csum,
-                              self.n_res, self.kv_now, self.q_pre, self.res_tight, inst.id, self.n_tiers + 1)
+                              self.pb, self.sa, self.n_res, self.kv_now, self.q_pre, self.res_tight, inst.id,
+                              self.n_tiers + 1)
 
     def formed(self, j: int, now: float, busy: float, chunk_tokens: int) -> None:
         """Instance ``j`` started an iteration predicted to take ``busy`` seconds, prefilling ``chunk_tokens``."""
@@ -324,7 +334,7 @@ class Fleet:
         into the row at once so the next arrival inside the same iteration sees it."""
         n = int(self.n_res[j])
         self._fit(n + 1)
-        pk.place_row(self.rem, self.csum, j, n, int(self.avg_len) if self.avg_len >= 1 else 1, ctx)
+        pk.place_row(self.rem, self.csum, self.pb, self.sa, j, n, int(self.avg_len) if self.avg_len >= 1 else 1, ctx)
         self.n_res[j] = n + 1
         self.kv_now[j] += ctx
         self.q_pre[j] += prompt
@@ -334,8 +344,8 @@ class Fleet:
         """Widen the rows to hold ``n`` residents."""
         if n > self.width:
             grow = max(n, 2 * self.width) - self.width
-            self.rem = np.pad(self.rem, ((0, 0), (0, grow)))
-            self.csum = np.pad(self.csum, ((0, 0), (0, grow)))
+            self.rem, self.csum, self.pb, self.sa = (np.pad(a, ((0, 0), (0, grow)))
+                                                     for a in (self.rem, self.csum, self.pb, self.sa))
             self.width += grow
 
     def refresh_stale(self, now: float) -> None:
@@ -699,7 +709,7 @@ class PolyServeRouter(_FleetRouter):
         ctx, prompt, r0, deadline, xfer_of = self._request(r, decode)
         xfer = float(xfer_of[fleet.engine_of[j[0]]]) if m else 0.0
         pk.verdicts(decode, j, fleet.curve_rows(tpot), tpot, fleet.grid, fleet.curves, fleet.rem, fleet.csum,
-                    fleet.n_res, fleet.q_pre, fleet.kv_now, fleet.busy_until, fleet.cap, fleet.max_seqs, table.tokens,
+                    fleet.pb, fleet.sa, fleet.n_res, fleet.q_pre, fleet.kv_now, fleet.busy_until, fleet.cap, fleet.max_seqs, table.tokens,
                     table.kv, table.times, ctx, prompt, r0, now, deadline, xfer, ok, load, peak, first)
         return Verdict(ok, load, peak, first)
 
@@ -785,7 +795,7 @@ class PolyServeRouter(_FleetRouter):
         ctx, prompt, r0, deadline, xfer_of = self._request(req, decode)
         i, up = pk.place(t, fleet.n_tiers, fleet.label, fleet.host_rank[t], fleet.idle_label, fleet.res_tight,
                          decode, fleet.engine_of, xfer_of, fleet.grid, fleet.curves, fleet.row_tpot, fleet.rem,
-                         fleet.csum, fleet.n_res, fleet.q_pre, fleet.kv_now, fleet.busy_until, fleet.cap,
+                         fleet.csum, fleet.pb, fleet.sa, fleet.n_res, fleet.q_pre, fleet.kv_now, fleet.busy_until, fleet.cap,
                          fleet.max_seqs, table.tokens, table.kv, table.times, ctx, prompt, r0, now, deadline)
         if i < 0:
             return DEFER

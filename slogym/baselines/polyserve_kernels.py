@@ -127,11 +127,12 @@ def deadline_order(cands: np.ndarray, ready: np.ndarray, stage: np.ndarray, stag
 # ============================================================================ per-instance state
 @njit(**_JIT)
 def observe_row(I: np.ndarray, res: np.ndarray, rtier: np.ndarray, rtpot: np.ndarray, be: np.ndarray,
-                avg_len: int, rem: np.ndarray, csum: np.ndarray, n_res: np.ndarray, kv_now: np.ndarray,
-                q_pre: np.ndarray, res_tight: np.ndarray, j: int, no_tier: int) -> float:
+                avg_len: int, rem: np.ndarray, csum: np.ndarray, pb: np.ndarray, sa: np.ndarray, n_res: np.ndarray,
+                kv_now: np.ndarray, q_pre: np.ndarray, res_tight: np.ndarray, j: int, no_tier: int) -> float:
     """Write instance ``j``'s row of the fleet (``Fleet.read``) from its residents ``res`` (running then waiting):
     ``rem[j]`` the predicted remaining tokens (average decode length minus generated, at least 1; §4.5) sorted
-    descending (stable), ``csum[j]`` the prefix sums of their lengths in that order, ``n_res[j]``, ``kv_now[j]``
+    descending (stable), ``csum[j]`` the prefix sums of their lengths in that order (and :func:`row_maxima`),
+    ``n_res[j]``, ``kv_now[j]``
     (their length sum), ``q_pre[j]`` (tokens still to compute) and ``res_tight[j]`` (the tightest resident tier,
     ``no_tier`` when empty). Returns the tightest TPOT among the residents with an SLO."""
     n = res.size
@@ -162,6 +163,7 @@ def observe_row(I: np.ndarray, res: np.ndarray, rtier: np.ndarray, rtpot: np.nda
             tier = rtier[r]
         if not be[r] and rtpot[r] < tight:
             tight = rtpot[r]
+    row_maxima(rem, csum, pb, sa, j, n)
     n_res[j] = n
     kv_now[j] = acc
     q_pre[j] = todo
@@ -170,7 +172,24 @@ def observe_row(I: np.ndarray, res: np.ndarray, rtier: np.ndarray, rtpot: np.nda
 
 
 @njit(**_JIT)
-def place_row(rem: np.ndarray, csum: np.ndarray, j: int, n: int, r0: int, ctx: int) -> None:
+def row_maxima(rem: np.ndarray, csum: np.ndarray, pb: np.ndarray, sa: np.ndarray, j: int, n: int,
+               start: int = 0) -> None:
+    """The maxima :func:`future_kv_peak_one` reads, for row ``j`` (``n`` residents sorted by ``rem``
+    descending), from position ``start`` on (earlier prefix maxima unchanged). With ``k = rem[m] - 1`` (the
+    iteration before resident ``m`` ends, when the first ``m + 1`` residents are alive), the KV size then is
+    ``B[m] = csum[m] + (m + 1) k`` without the new request and ``A[m] + c0`` with it (``A[m] = B[m] + k``):
+    ``pb[m] = max(B[:m + 1])``, ``sa[m] = max(A[m:])``."""
+    for m in range(start, n):
+        b = csum[j, m] + (m + 1) * (rem[j, m] - 1)
+        pb[j, m] = b if m == 0 or b > pb[j, m - 1] else pb[j, m - 1]
+    for m in range(n - 1, -1, -1):
+        a = csum[j, m] + (m + 2) * (rem[j, m] - 1)
+        sa[j, m] = a if m == n - 1 or a > sa[j, m + 1] else sa[j, m + 1]
+
+
+@njit(**_JIT)
+def place_row(rem: np.ndarray, csum: np.ndarray, pb: np.ndarray, sa: np.ndarray, j: int, n: int, r0: int,
+              ctx: int) -> None:
     """Insert a resident predicted to need ``r0`` more tokens, ``ctx`` long, into row ``j`` (``n`` residents,
     sorted by ``rem`` descending): after the residents with ``rem >= r0``, prefix sums shifted by ``ctx``."""
     pos = 0
@@ -181,34 +200,46 @@ def place_row(rem: np.ndarray, csum: np.ndarray, j: int, n: int, r0: int, ctx: i
         csum[j, m] = csum[j, m - 1] + ctx
     rem[j, pos] = r0
     csum[j, pos] = (csum[j, pos - 1] if pos else 0) + ctx
+    row_maxima(rem, csum, pb, sa, j, n + 1, pos)
 
 
 @njit(**_JIT)
-def future_kv_peak_one(rem: np.ndarray, csum: np.ndarray, j: int, n: int, c0: int, r0: int) -> int:
-    """``polyserve.future_kv_peak`` of one instance (row ``j`` of ``rem``/``csum`` with ``n`` residents)."""
-    best = -1
-    u = 0
-    for m in range(n):
-        k = rem[j, m] - 1
-        val = csum[j, m] + (m + 1) * k
-        if rem[j, m] <= r0:
-            val += c0 + k
-        if val > best:
-            best = val
-        u += rem[j, m] >= r0
+def _first_below(rem: np.ndarray, j: int, n: int, x: int) -> int:
+    """Residents of row ``j`` with ``rem > x`` (a prefix: the row is sorted descending)."""
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if rem[j, mid] > x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(**_JIT)
+def future_kv_peak_one(rem: np.ndarray, csum: np.ndarray, pb: np.ndarray, sa: np.ndarray, j: int, n: int, c0: int,
+                       r0: int) -> int:
+    """``polyserve.future_kv_peak`` of one instance (row ``j``, ``n`` residents) from its :func:`row_maxima`:
+    residents with ``rem > r0`` peak without the new request (``pb``), the others with it (``sa + c0``); the new
+    request's own end (``k = r0 - 1``) with the ``u`` residents still alive then. O(log n)."""
+    v = _first_below(rem, j, n, r0)          # rem > r0
+    u = _first_below(rem, j, n, r0 - 1)      # rem >= r0
+    best = pb[j, v - 1] if v > 0 else -1
+    if v < n and sa[j, v] + c0 > best:
+        best = sa[j, v] + c0
     own = (csum[j, u - 1] if u > 0 else 0) + u * (r0 - 1) + c0 + r0 - 1
     return own if own > best else best
 
 
 @njit(**_INLINE)
 def _admits(decode: bool, j: int, host_tpot: float, curve: np.ndarray, grid: np.ndarray, rem: np.ndarray,
-            csum: np.ndarray, n_res: np.ndarray, q_pre: np.ndarray, kv_now: np.ndarray, busy_until: np.ndarray,
+            csum: np.ndarray, pb: np.ndarray, sa: np.ndarray, n_res: np.ndarray, q_pre: np.ndarray, kv_now: np.ndarray, busy_until: np.ndarray,
             cap: np.ndarray, max_seqs: np.ndarray, tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, ctx: int,
             prompt: int, r0: int, now: float, deadline: float, xfer: float) -> tuple[bool, int, float]:
     """Admission of one request on instance ``j`` (the rules are ``PolyServeRouter.admission`` (co-located) and
     ``decode_admission`` (``decode``)): (admitted, future KV peak, predicted first / next token time)."""
     n = n_res[j]
-    pk = future_kv_peak_one(rem, csum, j, n, ctx, r0)
+    pk = future_kv_peak_one(rem, csum, pb, sa, j, n, ctx, r0)
     batch = n + 1
     t_dec = table_time(tg, kg, tt, float(batch), float(pk))
     wait = busy_until[j] - now
@@ -233,7 +264,8 @@ def _load(tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, n_res: np.ndarray, kv_
 
 @njit(**_JIT)
 def verdicts(decode: bool, cand: np.ndarray, curve_of: np.ndarray, host_tpot: np.ndarray, grid: np.ndarray,
-             curves: np.ndarray, rem: np.ndarray, csum: np.ndarray, n_res: np.ndarray, q_pre: np.ndarray,
+             curves: np.ndarray, rem: np.ndarray, csum: np.ndarray, pb: np.ndarray, sa: np.ndarray,
+             n_res: np.ndarray, q_pre: np.ndarray,
              kv_now: np.ndarray, busy_until: np.ndarray, cap: np.ndarray, max_seqs: np.ndarray, tg: np.ndarray,
              kg: np.ndarray, tt: np.ndarray, ctx: int, prompt: int, r0: int, now: float, deadline: float,
              xfer: float, ok: np.ndarray, load: np.ndarray, peak: np.ndarray, first: np.ndarray) -> None:
@@ -241,7 +273,7 @@ def verdicts(decode: bool, cand: np.ndarray, curve_of: np.ndarray, host_tpot: np
     (token-budget curve: row ``curve_of[m]`` of ``curves``), written to ``ok``, ``load``, ``peak``, ``first``."""
     for m in range(cand.size):
         ok[m], peak[m], first[m] = _admits(
-            decode, cand[m], host_tpot[m], curves[curve_of[m]], grid, rem, csum, n_res, q_pre, kv_now, busy_until,
+            decode, cand[m], host_tpot[m], curves[curve_of[m]], grid, rem, csum, pb, sa, n_res, q_pre, kv_now, busy_until,
             cap, max_seqs, tg, kg, tt, ctx, prompt, r0, now, deadline, xfer)
         load[m] = _load(tg, kg, tt, n_res, kv_now, cand[m])
 
@@ -249,7 +281,8 @@ def verdicts(decode: bool, cand: np.ndarray, curve_of: np.ndarray, host_tpot: np
 @njit(**_JIT)
 def place(t: int, n_tiers: int, label: np.ndarray, host_rank: np.ndarray, idle_label: np.ndarray,
           res_tight: np.ndarray, decode: bool, engine_of: np.ndarray, xfer_of: np.ndarray, grid: np.ndarray,
-          curves: np.ndarray, row_tpot: np.ndarray, rem: np.ndarray, csum: np.ndarray, n_res: np.ndarray,
+          curves: np.ndarray, row_tpot: np.ndarray, rem: np.ndarray, csum: np.ndarray, pb: np.ndarray,
+          sa: np.ndarray, n_res: np.ndarray,
           q_pre: np.ndarray, kv_now: np.ndarray, busy_until: np.ndarray, cap: np.ndarray, max_seqs: np.ndarray,
           tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, ctx: int, prompt: int, r0: int, now: float,
           deadline: float) -> tuple[int, bool]:
@@ -279,7 +312,7 @@ def place(t: int, n_tiers: int, label: np.ndarray, host_rank: np.ndarray, idle_l
             xfer = xfer_of[engine_of[j]]
         if rank > best_rank:
             continue
-        ok, _, _ = _admits(decode, j, row_tpot[row], curves[row], grid, rem, csum, n_res, q_pre, kv_now, busy_until,
+        ok, _, _ = _admits(decode, j, row_tpot[row], curves[row], grid, rem, csum, pb, sa, n_res, q_pre, kv_now, busy_until,
                            cap, max_seqs, tg, kg, tt, ctx, prompt, r0, now, deadline, xfer)
         if not ok:
             continue
