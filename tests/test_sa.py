@@ -10,7 +10,7 @@ import pytest
 from slogym.baselines import make_policy
 from slogym.baselines.sa import (POLICIES, AnnealConfig, PlanProblem, _compositions, _propose, anneal, build_problem,
                                  exhaustive)
-from slogym.baselines.sa_kernels import propose, score_plans
+from slogym.baselines.sa_kernels import propose, resample, score_plans
 from slogym.core.request import Request, Workload, decode, prefill
 from slogym.core.simulator import Simulator
 from slogym.engines.registry import get_engine
@@ -115,6 +115,19 @@ def test_compiled_moves_match_numpy(n, bmax):
     assert met_np.min() < met_np.max()   # both SLO outcomes occur among the moved plans
     np.testing.assert_array_equal(met, met_np)
     np.testing.assert_allclose(lat + p._offset_sum, lat_np, rtol=1e-12)
+
+
+def test_compiled_resampling_is_systematic():
+    # keep[i] = first plan whose cumulative Boltzmann weight reaches (i + u0) / m of the total (searchsorted),
+    # computed in the search by counts and a prefix sum; duplicate G values and u0 = 0 included
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        m = int(rng.integers(1, 80))
+        g = rng.random(m) * (rng.random(m) < 0.7)
+        coef, u0 = float(rng.random() * 30), (0.0 if trial % 5 == 0 else float(rng.random()))
+        w = np.cumsum(np.exp(coef * (g - g.max())))
+        expected = np.minimum(np.searchsorted(w, (np.arange(m) + u0) / m * w[-1]), m - 1)
+        np.testing.assert_array_equal(resample(g, coef, float(g.max()), u0), expected)
 
 
 def _canonical(g: np.ndarray) -> tuple[frozenset[int], ...]:

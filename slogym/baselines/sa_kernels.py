@@ -251,21 +251,27 @@ def _boltzmann(x: np.ndarray, w: np.ndarray) -> None:
 @njit(**_INLINE)
 def _resample(g_cur: np.ndarray, coef: float, g_ref: float, u0: float, w: np.ndarray, keep: np.ndarray) -> None:
     """Systematic resampling: ``keep[i]`` = first plan whose cumulative weight ``exp(coef * (G - g_ref))`` reaches
-    ``(i + u0) / m`` of the total, i.e. ``searchsorted`` on the cumulative sum. ``keep`` is non-decreasing."""
+    ``(i + u0) / m`` of the total ``W``, without a search: plan ``j`` whose cumulative weight is ``W_j`` covers the
+    ``c_j = floor(m W_j / W - u0) + 1`` first targets, so ``keep[i]`` = the number of plans with ``c_j <= i``
+    (a count per ``c_j``, then a prefix sum; no data-dependent branch). ``keep`` is non-decreasing. ``w`` is
+    scratch of ``m + 1``."""
     m = g_cur.shape[0]
     for i in range(m):
         w[i] = coef * (g_cur[i] - g_ref)
-    _boltzmann(w, w)
+    _boltzmann(w[:m], w[:m])
     acc = 0.0
     for i in range(m):
         acc += w[i]
         w[i] = acc
-    j = 0
+    f = m / acc
+    for i in range(m + 1):
+        keep[i] = 0
+    for j in range(m):
+        keep[min(int(np.floor(w[j] * f - u0)) + 1, m)] += 1
+    run = 0
     for i in range(m):
-        target = (i + u0) / m * acc
-        while j < m - 1 and w[j] < target:
-            j += 1
-        keep[i] = j
+        run += keep[i]
+        keep[i] = run
 
 
 @njit(**_INLINE)
@@ -283,7 +289,7 @@ def _copy_plan(ints: np.ndarray, floats: np.ndarray, scores: np.ndarray, a: int,
 def _regroup(ints: np.ndarray, floats: np.ndarray, scores: np.ndarray, keep: np.ndarray) -> None:
     """Plan ``i`` := plan ``keep[i]`` for every ``i``, in place. ``keep`` is non-decreasing, so a source row is
     never overwritten before it is read: copies to lower rows run upward, copies to higher rows downward."""
-    m = keep.shape[0]
+    m = scores.shape[1]
     for i in range(m):
         if keep[i] > i:
             _copy_plan(ints, floats, scores, keep[i], i)
@@ -317,7 +323,7 @@ def anneal_population(start: np.ndarray, exec_time: np.ndarray, latest: np.ndarr
     g[0] = met[0] / (lat[0] + offset_sum)
     for i in range(1, m):
         _copy_plan(ints, floats, scores, 0, i)
-    keep, w = np.empty(m, np.int64), np.empty(m)
+    keep, w = np.empty(m + 1, np.int64), np.empty(m + 1)
     act, pa, pb = np.empty(m, np.int64), np.empty(m, np.int64), np.empty(m, np.int64)
     best, best_row, g_best = start.copy(), ints[0].copy(), g[0]
     s = np.uint64(seed)
@@ -419,3 +425,12 @@ def propose(cur: np.ndarray, exec_time: np.ndarray, latest: np.ndarray, kind: np
             out[i] = row[0, :n]
         met[i], lat[i] = _score(row, 0, n, exec_time, limit, dur)
     return out, met, lat
+
+
+@njit(**_JIT)
+def resample(g: np.ndarray, coef: float, g_ref: float, u0: float) -> np.ndarray:
+    """The plan each of ``m`` slots copies under :func:`_resample` (the tests check it against ``searchsorted``)."""
+    m = g.shape[0]
+    keep, w = np.empty(m + 1, np.int64), np.empty(m + 1)
+    _resample(g, coef, g_ref, u0, w, keep)
+    return keep[:m]
