@@ -25,8 +25,7 @@ def split_running(inst: Instance) -> tuple[np.ndarray, np.ndarray]:
     run = inst.running_array()
     if not run.size:
         return _EMPTY, _EMPTY
-    dec, n = kernels.decode_ready(inst.sim.rs.I, run)
-    return (run, _EMPTY) if n == run.size else (run[dec], run[~dec])
+    return kernels.decode_split(inst.sim.rs.I, run)
 
 
 def make_room_for_decodes(inst: Instance, dec: np.ndarray, victim_key: Callable[[int], float],
@@ -66,18 +65,43 @@ def fill_prefill_chunks(inst: Instance, candidates: Iterable[int], budget: int, 
     chunk was scheduled and it was cut by the budget alone (not by its remainder or by KV), so the same batch
     would be formed again next iteration.
     """
-    # every chunk takes >= 1 token of the budget, so at most budget + 1 candidates are looked at
-    cands = np.fromiter(islice(candidates, max(min(budget, max_seqs), 0) + 1), np.int64)
-    reqs, toks, used, repeatable = _take(inst, cands, budget, free_blocks, max_seqs, chunked, False)
-    return reqs, toks, used, repeatable
+    req, tok, used, repeatable = _fill(inst, _EMPTY, candidates, budget, free_blocks, max_seqs, chunked)
+    return req.tolist(), tok.tolist(), used, repeatable
 
 
-def _take(inst: Instance, cands: np.ndarray, budget: int, free: int, max_seqs: int, chunked: bool,
-          skip_misfits: bool) -> tuple[list[int], list[int], int, bool]:
-    reqs, toks = np.empty(cands.size, np.int64), np.empty(cands.size, np.int64)
-    n, used, repeatable = kernels.take_in_order(inst.sim.rs.I, cands, budget, free, max_seqs, inst.block_size,
-                                                chunked, skip_misfits, reqs, toks)
-    return reqs[:n].tolist(), toks[:n].tolist(), used, repeatable
+def decodes_and_chunks(inst: Instance, dec: np.ndarray, candidates: Iterable[int], budget: int, free_blocks: int,
+                       max_seqs: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Sarathi-Serve's stall-free batch: a one-token step for each of ``dec``, then prefill chunks for
+    ``candidates`` by :func:`fill_prefill_chunks`' rule (``budget``, ``max_seqs`` and ``free_blocks`` are what
+    the decodes left). Returns (requests, tokens, repeatable)."""
+    req, tok, _, repeatable = _fill(inst, dec, candidates, budget, free_blocks, max_seqs, True)
+    return req, tok, repeatable
+
+
+def _fill(inst: Instance, head: np.ndarray, candidates: Iterable[int], budget: int, free: int, max_seqs: int,
+          chunked: bool) -> tuple[np.ndarray, np.ndarray, int, bool]:
+    """``head`` (one token each), then chunks for ``candidates`` as :func:`fill_prefill_chunks` says."""
+    # every chunk takes >= 1 token of the budget, so at most budget + 1 candidates are looked at; they are
+    # drawn a few at a time because the budget usually runs out after one or two (a long queue is not copied)
+    h, left = head.size, max(min(budget, max_seqs), 0) + 1
+    req, tok = np.empty(h + left, np.int64), np.empty(h + left, np.int64)
+    req[:h] = head
+    tok[:h] = 1
+    it, I, bs = iter(candidates), inst.sim.rs.I, inst.block_size
+    n = used = 0
+    repeatable, k = False, 8
+    while left > 0 and budget > 0 and n < max_seqs:
+        cands = np.fromiter(islice(it, min(k, left)), np.int64)
+        got, u, rep, budget = kernels.take_in_order(I, cands, budget, free - used, max_seqs - n, bs, chunked,
+                                                    False, n, req, tok, h + n)
+        repeatable = rep if got else repeatable  # True only when the batch has exactly one chunk
+        n += got
+        used += u
+        if got < cands.size or cands.size < min(k, left):  # the loop stopped, or no candidates left
+            break
+        left -= cands.size
+        k *= 8
+    return req[:h + n], tok[:h + n], used, repeatable
 
 
 class TokenBudgetScheduler(Scheduler):
@@ -122,13 +146,14 @@ class BatchBuilder:
 
     def take_all(self, cands: np.ndarray) -> int:
         """Offer ``cands`` in order, as ``take`` each until the batch is full; returns how many were taken."""
-        reqs, toks, used, _ = _take(self.inst, cands, self.budget, self.free, self.max_seqs - len(self.reqs),
-                                    True, True)
-        self.reqs += reqs
-        self.toks += toks
+        reqs, toks = np.empty(cands.size, np.int64), np.empty(cands.size, np.int64)
+        n, used, _, self.budget = kernels.take_in_order(self.inst.sim.rs.I, cands, self.budget, self.free,
+                                                        self.max_seqs - len(self.reqs), self.inst.block_size, True,
+                                                        True, 0, reqs, toks, 0)
+        self.reqs += reqs[:n].tolist()
+        self.toks += toks[:n].tolist()
         self.free -= used
-        self.budget -= sum(toks)
-        return len(reqs)
+        return n
 
 
 def unstick(inst: Instance, victim_key: Callable[[int], float]) -> Batch | None:
@@ -143,6 +168,13 @@ def batch_of(reqs: np.ndarray | list[int], tokens: np.ndarray | list[int], preem
              steady: bool = False) -> Batch:
     return Batch(req=np.asarray(reqs, dtype=np.int64), tokens=np.asarray(tokens, dtype=np.int64),
                  preempt=tuple(preempt), steady=steady)
+
+
+def decode_batch(dec: np.ndarray, preempt: list[int] | tuple = (), steady: bool = False) -> Batch:
+    """A one-token (decode) step for each request of ``dec``."""
+    tok = np.empty(dec.size, np.int64)
+    tok.fill(1)
+    return Batch(req=dec, tokens=tok, preempt=tuple(preempt), steady=steady)
 
 
 def kv_transfer_known(sim: "Simulator") -> bool:

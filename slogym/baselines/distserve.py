@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from slogym.baselines.common import batch_of, kv_transfer_known, make_room_for_decodes, split_running
+from slogym.baselines.common import decode_batch, kv_transfer_known, make_room_for_decodes, split_running
 from slogym.baselines.vllm import VLLMScheduler
 from slogym.core.batch import Batch, BatchFeatures
 from slogym.core.cluster import KVTransfer
@@ -155,7 +155,7 @@ class DistServeScheduler(VLLMScheduler):
         arrival = inst.sim.w.arrival
         keep, victims, free = make_room_for_decodes(inst, dec, lambda r: arrival[r])
         if victims:
-            return batch_of(keep, np.ones(keep.size, np.int64), victims)
+            return decode_batch(keep, victims)
         free -= int(self.watermark * inst.total_blocks)
         admit: list[int] = []
         for r in arrived:  # FCFS: stop at the first that does not fit
@@ -167,7 +167,7 @@ class DistServeScheduler(VLLMScheduler):
         reqs = np.concatenate((keep, np.asarray(admit, np.int64)))
         if not reqs.size:
             return None
-        return batch_of(reqs, np.ones(reqs.size, np.int64), steady=not admit)
+        return decode_batch(reqs, steady=not admit)
 
 
 def make_distserve(engine: Any = None, router: Router | None = None, pd: tuple[int, int] | None = None,

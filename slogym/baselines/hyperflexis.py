@@ -47,7 +47,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from slogym.baselines.common import batch_of, kv_transfer_known, make_room_for_decodes, split_running, unstick
+from slogym.baselines.common import (batch_of, decode_batch, kv_transfer_known, make_room_for_decodes,
+                                     split_running, unstick)
 from slogym.core.batch import Batch, BatchFeatures
 from slogym.core.errors import SchedulerError
 from slogym.core.instance import Instance, InstanceState, Role
@@ -615,8 +616,7 @@ class HyperFlexisScheduler(Scheduler):
         keep, victims, _ = make_room_for_decodes(inst, dec, key)
         # steady only while the queue (if any) waits for the maturity timer: a mature worker whose queue did not
         # fit re-checks every iteration (its decode cost and the queue's TTFT probabilities move each step)
-        return batch_of(keep, np.ones(keep.size, np.int64), victims,
-                        steady=not victims and not (inst.waiting and mature))
+        return decode_batch(keep, victims, steady=not victims and not (inst.waiting and mature))
 
     def _dispatch(self, inst: Instance, dec: np.ndarray, pre: np.ndarray, now: float) -> Batch | None:
         """Algorithm 1 steps 2-5 on this worker; None when nothing can be dispatched now."""

@@ -15,7 +15,7 @@ from itertools import chain
 
 import numpy as np
 
-from slogym.baselines.common import (TokenBudgetScheduler, batch_of, fill_prefill_chunks, make_room_for_decodes,
+from slogym.baselines.common import (TokenBudgetScheduler, decode_batch, decodes_and_chunks, make_room_for_decodes,
                                      split_running, unstick)
 from slogym.core.batch import Batch
 from slogym.core.instance import Instance
@@ -33,16 +33,14 @@ class SarathiScheduler(TokenBudgetScheduler):
             dec, victims, free = make_room_for_decodes(inst, dec, lambda r: arrival[r])
             if victims:
                 pre = np.array([r for r in pre.tolist() if r not in victims], dtype=np.int64)
-        budget = self.token_budget - dec.size
-        reqs: list[int] = []
-        repeatable = False
-        if pre.size or inst.waiting:
-            # lazily: the budget runs out after a few candidates, the waiting queue may be long
-            cands = chain(pre.tolist(), (r for r in inst.waiting if r not in victims) if victims else inst.waiting)
-            reqs, toks, _, repeatable = fill_prefill_chunks(inst, cands, budget, free, self.max_num_seqs - dec.size)
-        if not reqs:
-            if not dec.size and not victims:
-                return unstick(inst, lambda r: arrival[r])
-            return batch_of(dec, np.ones(dec.size, np.int64), victims, steady=not victims)
-        return batch_of(np.concatenate((dec, reqs)), np.concatenate((np.ones(dec.size, np.int64), toks)),
-                        victims, steady=repeatable and not victims)
+        if not (pre.size or inst.waiting) and (dec.size or victims):
+            return decode_batch(dec, victims, steady=not victims)
+        # lazily: the budget runs out after a few candidates, the waiting queue may be long
+        cands = chain(pre.tolist(), (r for r in inst.waiting if r not in victims) if victims else inst.waiting)
+        req, tok, repeatable = decodes_and_chunks(inst, dec, cands, self.token_budget - dec.size, free,
+                                                  self.max_num_seqs - dec.size)
+        if not req.size and not victims:
+            return unstick(inst, lambda r: arrival[r])
+        # decodes alone repeat; with prefill chunks, only a single chunk cut by the budget does
+        steady = (repeatable or req.size == dec.size) and not victims
+        return Batch(req=req, tokens=tok, preempt=tuple(victims), steady=steady)

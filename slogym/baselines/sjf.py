@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from slogym.baselines.common import (BatchBuilder, TokenBudgetScheduler, batch_of, make_room_for_decodes,
+from slogym.baselines.common import (BatchBuilder, TokenBudgetScheduler, batch_of, decode_batch, make_room_for_decodes,
                                      split_running, unstick)
 from slogym.baselines.routers import RoundRobinRouter
 from slogym.core.batch import Batch
@@ -98,7 +98,7 @@ class PriorityScheduler(TokenBudgetScheduler):
             return unstick(inst, rank.__getitem__)
         self.observe(inst, set(b.reqs), now)
         if not victims and not inst.waiting and not pre.size and len(b.reqs) == running.size:
-            return batch_of(running, np.ones(running.size, np.int64), steady=True)
+            return decode_batch(running, steady=True)
         return batch_of(b.reqs, b.toks, victims)
 
     def _evictions(self, inst: Instance, dec: list[int], rest: list[int], free: int, level_of: dict[int, Any],

@@ -12,10 +12,8 @@ requires the budget to exceed the model length); the best-effort flag is ignored
 
 from __future__ import annotations
 
-import numpy as np
-
-from slogym.baselines.common import (batch_of, fill_prefill_chunks, make_room_for_decodes, split_running,
-                                     unstick)
+from slogym.baselines.common import (batch_of, decode_batch, fill_prefill_chunks, make_room_for_decodes,
+                                     split_running, unstick)
 from slogym.core.batch import Batch
 from slogym.core.instance import Instance
 from slogym.core.policy import Scheduler
@@ -46,4 +44,4 @@ class VLLMScheduler(Scheduler):
         if not dec.size:
             return unstick(inst, lambda r: arrival[r])
         keep, victims, _ = make_room_for_decodes(inst, dec, lambda r: arrival[r])
-        return batch_of(keep, np.ones(keep.size, np.int64), victims, steady=not victims)
+        return decode_batch(keep, victims, steady=not victims)

@@ -310,15 +310,38 @@ def steady_stretch(I: np.ndarray, stage: np.ndarray, is_decode_stage: np.ndarray
 
 
 @njit(**_JIT)
-def decode_ready(I: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, int]:
-    """Mask of the requests whose next computation is a single token (a decode step, prefill caught up),
-    and their count."""
-    out = np.empty(idx.size, np.bool_)
+def stretch_ends(t: float, dts: np.ndarray, horizon: float) -> tuple[np.ndarray, int]:
+    """End times of back-to-back iterations of durations ``dts`` starting at ``t`` (summed one by one, as
+    stepping does), and how many end before ``horizon``."""
+    ends = np.empty(dts.size)
+    k = 0
+    for i in range(dts.size):
+        t = t + dts[i]
+        ends[i] = t
+        if t < horizon:
+            k = i + 1
+    return ends, k
+
+
+@njit(**_JIT)
+def decode_split(I: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``idx`` split, order kept, into the requests whose next computation is a single token (a decode step,
+    prefill caught up) and the rest (still prefilling)."""
     n = 0
-    for j in range(idx.size):
-        out[j] = I[idx[j], I_NT] - I[idx[j], I_NC] == 1
-        n += out[j]
-    return out, n
+    for r in idx:
+        n += I[r, I_NT] - I[r, I_NC] == 1
+    if n == idx.size:
+        return idx, idx[:0]
+    dec, pre = np.empty(n, np.int64), np.empty(idx.size - n, np.int64)
+    i = j = 0
+    for r in idx:
+        if I[r, I_NT] - I[r, I_NC] == 1:
+            dec[i] = r
+            i += 1
+        else:
+            pre[j] = r
+            j += 1
+    return dec, pre
 
 
 @njit(**_JIT)
@@ -333,11 +356,13 @@ def decode_kv_growth(I: np.ndarray, idx: np.ndarray, block_size: int) -> int:
 
 @njit(**_JIT)
 def take_in_order(I: np.ndarray, cands: np.ndarray, budget: int, free: int, max_seqs: int, block_size: int,
-                  chunked: bool, skip_misfits: bool, reqs: np.ndarray, toks: np.ndarray) -> tuple[int, int, bool]:
+                  chunked: bool, skip_misfits: bool, n0: int, reqs: np.ndarray, toks: np.ndarray, off: int,
+                  ) -> tuple[int, int, bool, int]:
     """The token-budget loop: give ``cands`` in order tokens within ``budget``, ``free`` KV blocks and
     ``max_seqs`` requests; the rules are :func:`slogym.baselines.common.fill_prefill_chunks`'s. A decode step is
-    a chunk of one token. Writes the batch to ``reqs[:n]``/``toks[:n]``; returns (n, blocks used, repeatable).
-    A candidate that does not fit ends the loop, or with ``skip_misfits`` is passed over."""
+    a chunk of one token. ``n0`` chunks are already in the batch (continuing an earlier call). Writes the n
+    requests taken to ``reqs[off:off + n]``/``toks[off:off + n]``; returns (n, blocks used, repeatable, budget
+    left). A candidate that does not fit ends the loop, or with ``skip_misfits`` is passed over."""
     n = 0
     used = 0
     repeatable = False
@@ -351,18 +376,18 @@ def take_in_order(I: np.ndarray, cands: np.ndarray, budget: int, free: int, max_
         if chunked:
             chunk = min(rem, budget, fits)
         else:
-            chunk = rem if (rem <= budget or n == 0) and rem <= fits else 0
+            chunk = rem if (rem <= budget or n + n0 == 0) and rem <= fits else 0
         if chunk < 1:
             if skip_misfits:
                 continue
             break
-        repeatable = n == 0 and chunk == budget and budget < rem and chunk < fits
-        reqs[n] = r
-        toks[n] = chunk
+        repeatable = n + n0 == 0 and chunk == budget and budget < rem and chunk < fits
+        reqs[off + n] = r
+        toks[off + n] = chunk
         n += 1
         used += max((nc + chunk + block_size - 1) // block_size - held, 0)
         budget -= chunk
-    return n, used, repeatable
+    return n, used, repeatable, budget
 
 
 @njit(**_JIT)

@@ -322,6 +322,8 @@ class Simulator:
         self._fin_buf = np.empty(len(w), np.int64)
         self._pre_buf = np.empty(len(w), np.int64)
         self._admit_buf = np.empty(len(w), np.int64)
+        self._blocks_buf = np.empty(len(w), np.int64)  # KV blocks per request of the batch being launched
+        self._no_spec = np.zeros(len(w), np.int64)
         # largest context a request reaches: all its prefill and decode tokens (KV kept across stages)
         tok = np.where(w.stage_kind != _EXTERNAL, w.stage_tokens, 0)
         c = np.concatenate(([0], np.cumsum(tok)))
@@ -477,8 +479,10 @@ class Simulator:
             spec = None if batch.spec is None else np.asarray(batch.spec, dtype=np.int64)
             if self.validate:
                 self._check_batch(inst, idx, tok, spec)
-            if batch.steady and self.fast_forward and spec is None and not side and not self.agent_schedule:
-                ff = yield from self._fast_forward(inst, idx, tok, t)
+            # a stretch too close to the next event is cheaper to step (the horizon is checked before the call)
+            if (batch.steady and self.fast_forward and spec is None and not side and not self.agent_schedule
+                    and (horizon := self._ff_horizon()) - t >= FF_MIN_STRETCH * inst.last_dt):
+                ff = yield from self._fast_forward(inst, idx, tok, t, horizon)
                 if ff is not None:
                     t, same = ff
                     if not same:
@@ -534,9 +538,9 @@ class Simulator:
     def _prepare_iteration(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, spec: np.ndarray | None,
                            ) -> tuple[BatchFeatures, np.ndarray, int]:
         """Features of the batch and the KV blocks each request holds after it (checked against free blocks)."""
-        blocks = np.empty(idx.size, np.int64)
-        *f, total = kernels.batch_features(self.rs.I, idx, tok, np.zeros(idx.size, np.int64) if spec is None
-                                           else spec, inst.block_size, blocks)
+        blocks = self._blocks_buf[:idx.size]
+        *f, total = kernels.batch_features(self.rs.I, idx, tok, self._no_spec[:idx.size] if spec is None else spec,
+                                           inst.block_size, blocks)
         if total > inst.free_blocks:
             raise SchedulerError(f"instance {inst.id}: batch needs {total} KV blocks, {inst.free_blocks} free "
                                  f"(requests {idx.tolist()})")
@@ -585,7 +589,7 @@ class Simulator:
             h = min(h, min((e[0] for e in self._iter if ins[e[2]].role == Role.PREFILL), default=INF))
         return h
 
-    def _fast_forward(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, t: float,
+    def _fast_forward(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, t: float, horizon: float,
                       ) -> Generator[tuple, Any, tuple[float, bool] | None]:
         """Apply, in bulk, the iterations of a steady batch that end before the horizon.
 
@@ -595,11 +599,8 @@ class Simulator:
         waiting, an all-decode batch, no group or global queue to wake). Returns None when nothing could be
         applied, else ``(t, same)``: the last applied iteration's end, and whether the next iteration is known to
         be the same batch (the stretch stopped only because the next event or a decode stage end is one
-        iteration away); otherwise the scheduler is asked again at ``t``.
+        iteration away); otherwise the scheduler is asked again at ``t``. ``horizon`` is the next event's time.
         """
-        horizon = self._ff_horizon()
-        if horizon - t < FF_MIN_STRETCH * inst.last_dt:  # too close to the next event: stepping is cheaper
-            return None
         rs, w = self.rs, self.w
         through = self.policy.scheduler.steady_through_finish and not inst.waiting and not self.global_queue
         k_cap = int((horizon - t) / inst.last_dt) + 2 if horizon < INF else _FF_MAX
@@ -612,9 +613,8 @@ class Simulator:
             return None
         q_max, left = q_max[:n_dec], left[:n_dec]
         feats = BatchFeatures(*feats)
-        dts = inst.engine.batch_time(feats)
-        ends = np.cumsum(np.concatenate(([t], dts)))[1:]
-        k = int(np.searchsorted(ends, horizon, side="left"))
+        dts = np.asarray(inst.engine.batch_time(feats), dtype=np.float64)
+        ends, k = kernels.stretch_ends(t, dts, horizon)
         same = k < k_max or k == k_same  # stopped by the horizon, or a decode stage ends next iteration
         k_fit = self._ff_fit_kv(inst, idx, tok, k)
         if k_fit < k:

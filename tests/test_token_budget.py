@@ -1,0 +1,103 @@
+"""The shared token-budget loop (``baselines.common``) against the rule its docstring states, written out here in
+plain Python: candidates are drawn lazily from long queues in pieces, which must not change the batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from slogym.baselines import make_policy
+from slogym.baselines.common import decode_batch, decodes_and_chunks, fill_prefill_chunks, split_running
+from slogym.core.request import Workload
+from slogym.core.simulator import Simulator
+from slogym.core.state import I_KV, I_NC, I_NT
+
+from conftest import ToyEngine
+
+
+def _instance(n: int, rng: np.random.Generator):
+    """An instance whose ``n`` requests have random prompt lengths, progress and held KV."""
+    arrival = np.arange(n, dtype=float)
+    w = Workload.two_stage(arrival, rng.integers(1, 300, n), np.full(n, 4), 1.0, 0.1)
+    eng = ToyEngine(kv_capacity_tokens=1 << 20)
+    sim = Simulator(w, eng, make_policy("sarathi", eng))
+    I = sim.rs.I
+    I[:, I_NT] = rng.integers(1, 300, n)
+    I[:, I_NC] = (I[:, I_NT] * rng.random(n) * (rng.random(n) < 0.3)).astype(np.int64)
+    I[:, I_KV] = -(-I[:, I_NC] // sim.instances[0].block_size)
+    return sim.instances[0], I
+
+
+def _rule(I, cands, budget, free, max_seqs, bs, chunked):
+    """fill_prefill_chunks' docstring, literally."""
+    reqs, toks, used, repeatable = [], [], 0, False
+    for r in cands:
+        if budget <= 0 or len(reqs) >= max_seqs:
+            break
+        nc, rem, held = int(I[r, I_NC]), int(I[r, I_NT] - I[r, I_NC]), int(I[r, I_KV])
+        fits = (free - used + held) * bs - nc  # tokens its KV can still grow by
+        if chunked:
+            chunk = min(rem, budget, fits)
+        else:  # whole prefills only; the first may exceed the budget
+            chunk = rem if (rem <= budget or not reqs) and rem <= fits else 0
+        if chunk < 1:
+            break
+        repeatable = not reqs and chunk == budget and budget < rem and chunk < fits
+        reqs.append(r)
+        toks.append(chunk)
+        used += max(-(-(nc + chunk) // bs) - held, 0)
+        budget -= chunk
+    return reqs, toks, used, repeatable
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_fill_prefill_chunks_follows_its_rule_on_long_queues(chunked: bool) -> None:
+    rng = np.random.default_rng(7)
+    inst, I = _instance(400, rng)
+    drawn_past_first_piece = 0
+    for _ in range(300):
+        queue = rng.permutation(400)[: rng.integers(0, 400)].tolist()
+        budget = int(rng.choice([0, 5, 512, 4096, 20000]))
+        free = int(rng.integers(0, 3000))
+        max_seqs = int(rng.integers(1, 300))
+        got = fill_prefill_chunks(inst, iter(queue), budget, free, max_seqs, chunked)
+        want = _rule(I, queue, budget, free, max_seqs, inst.block_size, chunked)
+        assert got == want, (budget, free, max_seqs)
+        drawn_past_first_piece += len(got[0]) > 8
+    assert drawn_past_first_piece > 20  # the lazy continuation was exercised
+
+
+def test_only_the_batch_first_prefill_may_exceed_the_budget() -> None:
+    """Unchunked: the ninth whole prompt (the first of the second piece drawn) must not overrun the budget."""
+    inst, I = _instance(20, np.random.default_rng(0))
+    I[:, I_NT], I[:, I_NC], I[:, I_KV] = 10, 0, 0
+    reqs, toks, _, _ = fill_prefill_chunks(inst, iter(range(20)), 85, 10_000, 100, chunked=False)
+    assert reqs == list(range(8)) and sum(toks) == 80
+
+
+def test_split_running_keeps_order() -> None:
+    rng = np.random.default_rng(3)
+    inst, I = _instance(50, rng)
+    inst.running = rng.permutation(50)[:30].tolist()
+    inst.running_changed()
+    dec, pre = split_running(inst)
+    one = [r for r in inst.running if I[r, I_NT] - I[r, I_NC] == 1]
+    assert dec.tolist() == one
+    assert pre.tolist() == [r for r in inst.running if r not in one]
+
+
+def test_decodes_and_chunks_puts_decode_steps_first() -> None:
+    rng = np.random.default_rng(5)
+    inst, I = _instance(60, rng)
+    dec = np.array([3, 1, 4], np.int64)
+    queue = list(range(10, 60))
+    req, tok, repeatable = decodes_and_chunks(inst, dec, iter(queue), 200, 500, 20)
+    want = _rule(I, queue, 200, 500, 20, inst.block_size, True)
+    assert req.tolist() == [3, 1, 4] + want[0] and tok.tolist() == [1, 1, 1] + want[1]
+    assert repeatable == want[3]
+
+
+def test_decode_batch_layout() -> None:
+    b = decode_batch(np.array([4, 2], np.int64), [5], steady=True)
+    assert b.req.tolist() == [4, 2] and b.tokens.tolist() == [1, 1]
+    assert b.preempt == (5,) and b.steady
