@@ -2,21 +2,29 @@
 
 Steps (one engine process for all of them):
 
-1. profile the engine (``slogym.engines.profiler``, HyperFlexis App. A grid within the engine's limits, swept in
-   ``--repeats`` shuffled passes) and fit every perf-model family to the per-composition medians; keep the one
-   with the lowest held-out MAPE (or ``--family``);
+1. warm the engine over every batch token count (``warm_shapes``: vLLM's CPU GEMMs set up a kernel per new
+   shape, ~2x the step the first time; a long-running server has seen them all), then profile it
+   (``slogym.engines.profiler``, HyperFlexis App. A grid within the engine's limits) in ``--repeats``
+   shuffled passes, each visit the median of ``--measure`` back-to-back iterations; measure the back-to-back
+   noise floor (``repeat_noise``);
 2. take ``--requests`` requests of the Azure conversation trace (``../shared/traces``; a generated chat
    workload when absent), scaled to the tiny model (token counts divided by ``--token-scale``, capped), with
-   arrivals rescaled to ``--rate``;
-3. for each policy: run it live (as fast as possible) and in the simulator with the fitted preset (same KV
-   pool, block size and limits), and compare.
+   arrivals rescaled to ``--rate``, and run each policy on the live engine (as fast as possible; planning
+   policies see a model fitted to the passes so far);
+3. profile ``--repeats-after`` more passes, so the profile brackets the replays in time, and fit every
+   perf-model family to the per-composition medians of all passes; keep the one with the lowest held-out MAPE
+   (or ``--family``);
+4. run each policy in the simulator with that model (same KV pool, block size and limits) and compare.
 
-Printed: per-iteration time error (MAPE of the fitted model on every batch the live engine executed, and the
-measurement-noise floor of the profile's repeated points), per-request TTFT / mean TPOT / TTLT relative error
-(median, p90) and attainment live vs simulated. ``--json`` prints one object: the pooled metrics at top level
-and ``per_policy``.
+Iteration times default to ``--timing norm``: CPU time scaled by a reference kernel timed around each step
+(``EngineConfig``), which removes most of the drift of CPU time with the shared machine's load.
 
-    python scripts/fidelity.py                      # tiny model in .cache/tiny-llama, 300 requests
+Printed: per-iteration time error (MAPE and bias of the fitted model on every batch the live engine executed,
+also per batch kind; the profile's noise floor across passes and back to back), per-request TTFT / mean TPOT /
+TTLT relative error (median, p90), attainment live vs simulated, and where the live and simulated schedules
+first differ. ``--json`` prints one object: the pooled metrics at top level and ``per_policy``.
+
+    python scripts/fidelity.py --rate 8 --json        # tiny model in .cache/tiny-llama, 300 requests
     python scripts/fidelity.py --quick --requests 60 --json
 """
 
@@ -37,8 +45,11 @@ from slogym.core.request import Request, Workload, decode, prefill
 from slogym.core.simulator import Simulator
 from slogym.engines.base import EngineSpec
 from slogym.engines.fitting import features_of, fit_perf_model
+from slogym.core.batch import BatchFeatures
+from slogym.core.instance import Instance
 from slogym.engines.live import EngineConfig, LiveSimulator, VLLMEngine, live_spec, make_tiny_model
-from slogym.engines.profiler import ProfileGrid, aggregate, profile
+from slogym.engines.live.client import TIMINGS
+from slogym.engines.profiler import ProfileGrid, aggregate, profile, repeat_noise
 
 ROOT = Path(__file__).resolve().parents[1]
 AZURE = ROOT.parent / "shared" / "traces" / "azure_conv_2023.csv.gz"
@@ -74,12 +85,82 @@ def noise_floor(df: pd.DataFrame) -> float:
     return float(np.mean(np.abs(df["time_s"] / med - 1.0)) * 100.0)
 
 
+class _Batches:
+    """Records every launched batch (members and tokens) so live and simulated schedules can be compared."""
+
+    def iteration_time(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, spec: np.ndarray | None,
+                       features: BatchFeatures) -> float:
+        self.batches.append(tuple(zip(idx.tolist(), tok.tolist())))
+        return super().iteration_time(inst, idx, tok, spec, features)  # type: ignore[misc]
+
+
+class RecordingLive(_Batches, LiveSimulator):
+    def _reset_state(self) -> None:
+        super()._reset_state()
+        self.batches: list[tuple[tuple[int, int], ...]] = []
+
+
+class RecordingSim(_Batches, Simulator):
+    """The simulator timing each batch with its perf model, as usual (overriding the hook only turns off
+    fast-forward, whose results are identical)."""
+
+    def _reset_state(self) -> None:
+        super()._reset_state()
+        self.batches = []
+
+
+def schedule_agreement(live: list[tuple[tuple[int, int], ...]], sim: list[tuple[tuple[int, int], ...]],
+                       head: int = 200) -> dict[str, float]:
+    """Index of the first batch (members and tokens) that differs, and the share of identical batches among the
+    first ``head`` iterations."""
+    n = min(len(live), len(sim))
+    first = next((k for k in range(n) if live[k] != sim[k]), n)
+    h = min(head, n)
+    same = sum(live[k] == sim[k] for k in range(h)) / max(h, 1)
+    return {"first_divergent_batch": first, f"identical_batches_first_{head}": same}
+
+
+def fit_best(records: pd.DataFrame, family: str | None, seed: int) -> tuple[str, Any, dict[str, Any], dict]:
+    """Fit every family (or ``family``) to the per-composition medians of ``records`` (robust to load bursts on
+    a shared machine); returns the one with the lowest held-out MAPE: family, model, its report, all fits."""
+    med = aggregate(records)
+    fits = {f: fit_perf_model(med, f, seed=seed) for f in ([family] if family else FAMILIES)}
+    best = min(fits, key=lambda f: fits[f][1]["holdout_mape_pct"])
+    return best, fits[best][0], fits[best][1], fits
+
+
+def profile_drift(pre: pd.DataFrame, post: pd.DataFrame) -> float | None:
+    """Median over compositions of (median after the replays / median before - 1), in %: how much the engine's
+    speed moved between the profile passes before and after the live runs."""
+    if post.empty:
+        return None
+    a, b = aggregate(pre), aggregate(post)
+    key = ["kind", *BatchFeatures._fields]
+    m = a.merge(b, on=key, suffixes=("_pre", "_post"))
+    return float(np.median(m["time_s_post"] / m["time_s_pre"] - 1.0) * 100.0)
+
+
 def rel_err(sim: pd.Series, live: pd.Series) -> np.ndarray:
     ok = np.isfinite(sim) & np.isfinite(live) & (live > 0)
     return np.abs(sim[ok].to_numpy() / live[ok].to_numpy() - 1.0)
 
 
-def compare(live: LiveSimulator, sim: Simulator, spec: EngineSpec) -> dict[str, Any]:
+def by_kind(it: pd.DataFrame, pred: np.ndarray) -> dict[str, dict[str, float]]:
+    """Per batch kind (prefill-only, decode-only, mixed): share of live time, MAPE and bias (sum live / sum
+    predicted - 1, %); bias is what accumulates into per-request latency, MAPE also holds the noise."""
+    t = it["time_s"].to_numpy()
+    kind = np.where(it["prefill_tokens"] == 0, "decode", np.where(it["decode_seqs"] == 0, "prefill", "mixed"))
+    out = {}
+    for k in ("prefill", "decode", "mixed"):
+        m = kind == k
+        if m.any():
+            out[k] = {"n": int(m.sum()), "time_share": float(t[m].sum() / t.sum()),
+                      "mape": float(np.mean(np.abs(pred[m] / t[m] - 1.0)) * 100.0),
+                      "bias": float((t[m].sum() / pred[m].sum() - 1.0) * 100.0)}
+    return out
+
+
+def compare(live: RecordingLive, sim: RecordingSim, spec: EngineSpec) -> dict[str, Any]:
     it = live.iteration_records()
     pred = spec.perf.batch_time(features_of(it))
     ape = np.abs(pred / it["time_s"].to_numpy() - 1.0)
@@ -88,6 +169,8 @@ def compare(live: LiveSimulator, sim: Simulator, spec: EngineSpec) -> dict[str, 
     errs = {m: rel_err(b[col], a[col]) for m, col in (("ttft", "ttft"), ("tpot", "mean_tpot"), ("ttlt", "ttlt"))}
     out: dict[str, Any] = {"iterations_live": len(it), "iterations_sim": int(sum(i.iterations for i in sim.instances)),
                            "iteration_mape": float(ape.mean() * 100.0),
+                           "iteration_bias": float((it["time_s"].sum() / pred.sum() - 1.0) * 100.0),
+                           "by_kind": by_kind(it, pred), **schedule_agreement(live.batches, sim.batches),
                            "_ape": ape, "_errs": errs}
     for m, e in errs.items():
         out[f"{m}_median_rel_err"] = float(np.median(e) * 100.0)
@@ -123,14 +206,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default="vllm,sarathi")
     ap.add_argument("--family", choices=FAMILIES, help="perf-model family (default: best held-out MAPE)")
     ap.add_argument("--quick", action="store_true", help="smaller profile grid")
-    ap.add_argument("--warm-shapes", action="store_true", help="run every batch token count once before profiling")
-    ap.add_argument("--repeats", type=int, default=3, help="profile repeats per composition")
+    ap.add_argument("--warm-shapes", action=argparse.BooleanOptionalAction, default=True,
+                    help="run every batch token count once before profiling (a warm engine, as a long-running "
+                         "server is; --no-warm-shapes compares against cold per-shape GEMM set-up)")
+    ap.add_argument("--repeats", type=int, default=2, help="profile passes before the live replays")
+    ap.add_argument("--repeats-after", type=int, default=2,
+                    help="profile passes run after the live replays (the fit uses all passes, so the profile "
+                         "brackets the replays in time; 0: none)")
+    ap.add_argument("--measure", type=int, default=3,
+                    help="back-to-back measured iterations per profile visit (their median is the visit's row)")
     ap.add_argument("--blocks", type=int, default=256)
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument("--max-num-batched-tokens", type=int, default=1024)
     ap.add_argument("--nice", type=int, default=0, help="engine process priority (negative needs root)")
-    ap.add_argument("--timing", choices=("wall", "cpu"), default="wall",
-                    help="iteration time = wall or CPU time of the engine step (cpu: shared machines)")
+    ap.add_argument("--timing", choices=TIMINGS, default="norm",
+                    help="iteration time = wall time, CPU time, or CPU time at the machine's quiet speed (norm, "
+                         "the default: shared machines; see EngineConfig)")
+    ap.add_argument("--noise-repeats", type=int, default=100,
+                    help="back-to-back repeats of one batch per kind for the noise floor (0: skip)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--save", metavar="DIR", help="write profile.csv, preset.json and the runs' records here")
     ap.add_argument("--json", action="store_true")
@@ -148,41 +241,50 @@ def main(argv: list[str] | None = None) -> int:
         log(f"engine up in {time.perf_counter() - t0:.1f} s (vLLM {engine.info['vllm']}); profiling ...")
         grid = ProfileGrid.app_a(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.num_blocks * cfg.block_size,
                                  cfg.max_model_len, quick=args.quick)
-        prof = profile(engine, grid, repeats=args.repeats, warm=args.warm_shapes, seed=args.seed)
-        med = aggregate(prof)  # fit per-composition medians: robust to load bursts on a shared machine
-        fits = {f: fit_perf_model(med, f, seed=args.seed) for f in ([args.family] if args.family else FAMILIES)}
-        family = min(fits, key=lambda f: fits[f][1]["holdout_mape_pct"])
-        perf, report = fits[family]
-        spec = live_spec(cfg, perf)
-        log(f"profiled {len(prof)} iterations; held-out MAPE by family: "
-            + ", ".join(f"{f} {r['holdout_mape_pct']:.1f}%" for f, (_, r) in fits.items()) + f"; using {family}")
-        per: dict[str, dict[str, Any]] = {}
+        pre = profile(engine, grid, repeats=args.repeats, warm=args.warm_shapes, seed=args.seed,
+                      measure=args.measure)
+        noise = repeat_noise(engine, args.noise_repeats) if args.noise_repeats > 0 else {}
+        plan_spec = live_spec(cfg, fit_best(pre, args.family, args.seed)[1])  # what planning policies see
+        lives = {}
         for name in args.policies.split(","):
-            live = LiveSimulator(w, engine, make_policy(name, engine=spec), perf=spec).run()
-            sim = Simulator(w, spec, make_policy(name, engine=spec)).run()
-            per[name] = compare(live, sim, spec)
-            if args.save:
-                out = Path(args.save)
-                out.mkdir(parents=True, exist_ok=True)
-                live.result().records.to_csv(out / f"live_{name}.csv", index=False)
-                sim.result().records.to_csv(out / f"sim_{name}.csv", index=False)
-                live.iteration_records().to_csv(out / f"iterations_{name}.csv", index=False)
-            log(f"{name}: live {per[name]['iterations_live']} iterations in {per[name]['wall_live_s']:.1f} s")
+            lives[name] = RecordingLive(w, engine, make_policy(name, engine=plan_spec), perf=plan_spec).run()
+            log(f"{name}: live {len(lives[name].batches)} iterations in {lives[name].wall_seconds:.1f} s")
+        post = (profile(engine, grid, repeats=args.repeats_after, seed=args.seed + 1, measure=args.measure)
+                if args.repeats_after > 0 else pre.iloc[:0].copy())
+    post["pass"] += args.repeats
+    prof = pd.concat([pre, post], ignore_index=True)
+    family, perf, report, fits = fit_best(prof, args.family, args.seed)
+    spec = live_spec(cfg, perf)
+    log(f"profiled {len(prof)} iterations; held-out MAPE by family: "
+        + ", ".join(f"{f} {r['holdout_mape_pct']:.1f}%" for f, (_, r) in fits.items()) + f"; using {family}")
+    per: dict[str, dict[str, Any]] = {}
+    for name, live in lives.items():
+        sim = RecordingSim(w, spec, make_policy(name, engine=plan_spec)).run()
+        per[name] = compare(live, sim, spec)
+        if args.save:
+            out = Path(args.save)
+            out.mkdir(parents=True, exist_ok=True)
+            live.result().records.to_csv(out / f"live_{name}.csv", index=False)
+            sim.result().records.to_csv(out / f"sim_{name}.csv", index=False)
+            live.iteration_records().to_csv(out / f"iterations_{name}.csv", index=False)
     if args.save:
         prof.to_csv(Path(args.save) / "profile.csv", index=False)
         (Path(args.save) / "preset.json").write_text(json.dumps(spec.to_dict(), indent=1, default=float) + "\n")
     res = pooled(per) | {"family": family, "profile_rows": len(prof), "profile_holdout_mape": report["holdout_mape_pct"],
-                         "noise_floor_mape": noise_floor(prof), "workload": src, "requests": len(w),
+                         "noise_floor_mape": noise_floor(prof), "noise_back_to_back": noise,
+                         "profile_drift_pct": profile_drift(pre, post), "timing": args.timing,
+                         "rate": args.rate, "warm_shapes": args.warm_shapes, "workload": src, "requests": len(w),
                          "per_policy": {k: {m: v for m, v in p.items() if not m.startswith("_")}
                                         for k, p in per.items()}}
     if args.json:
         print(json.dumps(res))
         return 0
     print(f"workload: {src}, {len(w)} requests at {args.rate}/s; timing: {args.timing}; perf model: {family} (profile held-out MAPE "
-          f"{report['holdout_mape_pct']:.1f}%, measurement noise floor {res['noise_floor_mape']:.1f}%)")
-    cols = ["iteration_mape", "ttft_median_rel_err", "ttft_p90_rel_err", "tpot_median_rel_err", "tpot_p90_rel_err",
+          f"{report['holdout_mape_pct']:.1f}%, measurement noise floor {res['noise_floor_mape']:.1f}% across "
+          "passes, back to back " + ", ".join(f"{k} {v:.1f}%" for k, v in noise.items()) + ")")
+    cols = ["iteration_mape", "iteration_bias", "ttft_median_rel_err", "ttft_p90_rel_err", "tpot_median_rel_err", "tpot_p90_rel_err",
             "ttlt_median_rel_err", "ttlt_p90_rel_err", "attainment_live", "attainment_sim", "iterations_live",
-            "iterations_sim", "makespan_live_s", "makespan_sim_s"]
+            "iterations_sim", "first_divergent_batch", "makespan_live_s", "makespan_sim_s"]
     table = pd.DataFrame({k: res["per_policy"][k] for k in per}).loc[cols]
     print(table.to_string(float_format=lambda v: f"{v:.3f}"))
     print("(errors in %; pooled over policies: " + ", ".join(f"{k} {res[k]:.1f}" for k in

@@ -52,7 +52,7 @@ def config(model: str, **kw: Any) -> EngineConfig:
 
 @pytest.fixture(scope="module")
 def engine(model_dir: str) -> Any:
-    with VLLMEngine(config(model_dir)) as eng:
+    with VLLMEngine(config(model_dir, timing="norm")) as eng:
         yield eng
 
 
@@ -243,7 +243,9 @@ def test_profile_fit_simulate(engine: VLLMEngine, tmp_path: Any) -> None:
 
     grid = ProfileGrid(prefill=[(1, 16), (2, 64), (1, 256), (4, 128)], decode=[(1, 32), (4, 64), (8, 128)],
                        mixed=[(4, 64, 128, 0), (2, 32, 64, 128)])
-    df = profile(engine, grid, repeats=2, warmup=1)
+    with pytest.raises(ValueError, match="measure=2"):
+        profile(engine, grid, measure=2)
+    df = profile(engine, grid, repeats=2, warmup=1, measure=3)
     assert engine.abort([]) == engine.config.num_blocks
     assert len(df) == 2 * len(grid) and (df["time_s"] > 0).all()
     assert set(df["kind"]) == {"prefill", "decode", "mixed"}
@@ -264,6 +266,39 @@ def test_profile_fit_simulate(engine: VLLMEngine, tmp_path: Any) -> None:
     res = Simulator(w, spec, make_policy("sarathi", engine=spec)).run().result()
     assert (res.records["outcome"] == "finished").all()
     assert res.summary["attainment"] >= 0.0
+
+
+def test_norm_timing_and_noise_floor(engine: VLLMEngine) -> None:
+    from slogym.engines.profiler import repeat_noise
+
+    assert engine.config.timing == "norm"
+    rid = 10**6
+    reply = engine.step([(rid, 16, 0, 16)], add=[(rid, 16, 2)])
+    assert reply["speed"] > 0 and reply["cpu_s"] > 0
+    assert engine.duration(reply) == pytest.approx(reply["cpu_s"] * reply["speed"])
+    engine.abort([rid])
+    noise = repeat_noise(engine, n=5, batch=2, context=32, chunk=16)
+    assert set(noise) == {"prefill", "decode", "mixed"} and all(np.isfinite(v) and v >= 0 for v in noise.values())
+    assert engine.abort([]) == engine.config.num_blocks
+
+
+def test_speed_reference_freezes_its_unit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from slogym.engines.live.worker import SpeedReference
+
+    ref = SpeedReference(calibrate=3, window=2)
+    times = iter([1.0, 3.0, 2.0, 2.0, 2.0, 2.0, 4.0, 4.0, 8.0])
+    monkeypatch.setattr(ref, "_kernel", lambda: next(times))
+    ref.sample()
+    ref.sample()
+    assert ref.typical is None and ref.factor() == 1.0  # running median of [1, 3] = 2 over a bracket mean of 2
+    for _ in range(4):
+        ref.sample()
+    assert ref.typical == 2.0  # median of the first 3 steps' 6 samples, then frozen
+    ref.sample()
+    ref.sample()
+    assert ref.factor() == 0.5  # the kernel runs twice as slow around this step: its CPU time counts half
+    ref.sample()
+    assert ref.typical == 2.0 and ref.factor() == pytest.approx(2.0 / 6.0)
 
 
 def test_cli_profile_run_fit_simulate(model_dir: str, tmp_path: Any, capsys: Any) -> None:

@@ -3,7 +3,7 @@
 The sweep follows HyperFlexis App. A (prefill batches over batch sizes x input lengths; decode steps over batch
 sizes x context lengths), scaled to the engine's limits, plus mixed chunked-prefill batches (a prefill chunk
 riding along a decode batch, the Sarathi/SLOs-Serve regime). Rows have the :class:`BatchFeatures` columns and
-``time_s`` (the step's wall or CPU time, per ``EngineConfig.timing``) -- exactly what
+``time_s`` (the step's wall, CPU or normalized CPU time, per ``EngineConfig.timing``) -- exactly what
 :func:`slogym.engines.fitting.fit_perf_model` (``slogym profile fit``) reads -- plus ``kind`` (prefill / decode /
 mixed) and ``pass``. Features are computed by the simulator's own feature function, so a model fitted on these rows sees the same numbers in simulation.
 
@@ -143,13 +143,50 @@ def warm_shapes(engine: VLLMEngine, upto: int | None = None) -> None:
         d.release(rids)
 
 
+def repeat_noise(engine: VLLMEngine, n: int = 100, batch: int = 16, context: int = 256,
+                 chunk: int = 128) -> dict[str, float]:
+    """The measurement-noise floor: ``n`` back-to-back repeats of one decode batch (``batch`` requests at
+    ``context``), one prefill of ``chunk`` tokens and one mixed batch (both together); for each, the mean
+    ``|t / median - 1|`` in % of the engine's iteration time (its ``timing``). No perf model can have a smaller
+    per-iteration error than this on the same machine at the same moment."""
+    d = _Driver(engine)
+    out: dict[str, float] = {}
+
+    def spread(times: list[float]) -> float:
+        t = np.asarray(times)
+        return float(np.mean(np.abs(t / np.median(t) - 1.0)) * 100.0)
+
+    def prefill_once() -> float:
+        p = d.new(chunk, 1)
+        dt = d.step([(p, chunk)])[0]
+        d.release([p])
+        return dt
+
+    out["prefill"] = spread([prefill_once() for _ in range(n)])
+    rids = [d.new(context, 2 * n + 4) for _ in range(batch)]
+    d.prefill_all(rids, engine.config.max_num_batched_tokens)
+    out["decode"] = spread([d.step([(r, 1) for r in rids])[0] for _ in range(n)])
+
+    def mixed_once() -> float:
+        p = d.new(chunk + 1, 1)
+        dt = d.step([(r, 1) for r in rids] + [(p, chunk)])[0]
+        d.release([p])
+        return dt
+
+    out["mixed"] = spread([mixed_once() for _ in range(n)])
+    d.release()
+    return out
+
+
 def profile(engine: VLLMEngine, grid: ProfileGrid | None = None, repeats: int = 3, warmup: int = 2,
-            progress: Callable[[str], None] | None = None, warm: bool = False, seed: int = 0) -> pd.DataFrame:
+            progress: Callable[[str], None] | None = None, warm: bool = False, seed: int = 0,
+            measure: int = 1) -> pd.DataFrame:
     """Measure every composition of ``grid`` (default: App. A within the engine's limits) on ``engine``.
 
     Returns the records: BatchFeatures columns, ``time_s``, ``kind`` and ``pass``. The grid is swept ``repeats``
     times (passes), each pass in its own seeded random order, and each visit measures one iteration after
-    ``warmup`` unmeasured ones of the same composition; repeats of one batch are therefore minutes apart, so a
+    ``warmup`` unmeasured ones of the same composition (``measure`` > 1: the median of that many back-to-back
+    measured iterations, odd; the row has the median iteration's own features); repeats of one batch are therefore minutes apart, so a
     shared machine's load phases spread over all compositions instead of lining up with some (use
     :func:`aggregate` for one median row per composition). Each visit starts from an empty engine; its setup
     iterations (prefilling a decode batch's context) are not recorded. ``warm`` first runs :func:`warm_shapes`."""
@@ -157,8 +194,9 @@ def profile(engine: VLLMEngine, grid: ProfileGrid | None = None, repeats: int = 
     kv_tokens = cfg.num_blocks * cfg.block_size
     if grid is None:
         grid = ProfileGrid.app_a(cfg.max_num_seqs, cfg.max_num_batched_tokens, kv_tokens, cfg.max_model_len)
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"repeats={repeats} must be >= 1 and warmup={warmup} >= 0")
+    if repeats < 1 or warmup < 0 or measure < 1 or measure % 2 == 0 or warmup + measure > 7:
+        raise ValueError(f"repeats={repeats} must be >= 1, warmup={warmup} >= 0, measure={measure} odd >= 1 and "
+                         "warmup + measure <= 7 (the grid reserves 8 KV tokens per decoding request)")
     if warm:
         if progress is not None:
             progress(f"warming up batch shapes 1..{cfg.max_num_batched_tokens} tokens")
@@ -173,37 +211,44 @@ def profile(engine: VLLMEngine, grid: ProfileGrid | None = None, repeats: int = 
             kind, point = points[j]
             if progress is not None:
                 progress(f"pass {rep + 1}/{repeats} [{k + 1}/{len(points)}] {kind} {point}")
-            dt, f = _visit(d, kind, point, warmup, cfg.max_num_batched_tokens)
+            dt, f = _visit(d, kind, point, warmup, measure, cfg.max_num_batched_tokens)
             rows.append({"kind": kind, **{k: int(v) for k, v in zip(BatchFeatures._fields, f)}, "time_s": dt,
                          "pass": rep})
     return pd.DataFrame(rows, columns=["kind", *BatchFeatures._fields, "time_s", "pass"])
 
 
-def _visit(d: _Driver, kind: str, point: tuple[int, ...], warmup: int, budget: int) -> tuple[float, BatchFeatures]:
-    """``warmup`` + 1 iterations of one composition from an empty engine; returns the last one's time."""
+def _visit(d: _Driver, kind: str, point: tuple[int, ...], warmup: int, measure: int,
+           budget: int) -> tuple[float, BatchFeatures]:
+    """``warmup`` + ``measure`` iterations of one composition from an empty engine; returns the median measured
+    one (time and its own features: a decode context grows by one token per step)."""
+    steps: list[tuple[float, BatchFeatures]] = []
     if kind == "prefill":
         b, n = point
-        for _ in range(warmup + 1):
+        for _ in range(warmup + measure):
             rids = [d.new(n, 1) for _ in range(b)]
-            out = d.step([(r, n) for r in rids])
+            steps.append(d.step([(r, n) for r in rids]))
             d.release()
-        return out
+        return _median_step(steps[warmup:])
     b, n = point[0], point[1]
-    rids = [d.new(n, warmup + 3) for _ in range(b)]
+    rids = [d.new(n, warmup + measure + 2) for _ in range(b)]
     d.prefill_all(rids, budget)
     chunk, past = (point[2], point[3]) if kind == "mixed" else (0, 0)
-    for _ in range(warmup + 1):
+    for _ in range(warmup + measure):
         items = [(r, 1) for r in rids]
         if chunk:
             p = d.new(past + chunk + 1, 1)
             if past:  # an unmeasured first chunk, so the measured one continues the prompt
                 d.step([(p, past)])
             items.append((p, chunk))
-        out = d.step(items)
+        steps.append(d.step(items))
         if chunk:
             d.release([p])
     d.release()
-    return out
+    return _median_step(steps[warmup:])
+
+
+def _median_step(steps: list[tuple[float, BatchFeatures]]) -> tuple[float, BatchFeatures]:
+    return sorted(steps, key=lambda s: s[0])[len(steps) // 2]
 
 
 def aggregate(df: pd.DataFrame) -> pd.DataFrame:

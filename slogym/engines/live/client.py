@@ -25,7 +25,7 @@ from slogym.core.errors import EngineError
 from slogym.engines.live import worker as _worker
 
 WORKER = Path(_worker.__file__).resolve()
-TIMINGS = ("wall", "cpu")
+TIMINGS = ("wall", "cpu", "norm")
 REPO_VENV = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
 
 
@@ -82,9 +82,13 @@ class EngineConfig:
     block_size must be a multiple of 32 for vLLM's CPU attention. ``step_timeout`` bounds every engine step,
     ``init_timeout`` the start-up (import + model load), both in seconds. ``nice`` (negative needs root) sets
     the engine process's scheduling priority. ``timing`` is what an iteration's duration is: ``wall`` (the
-    elapsed time of the engine step) or ``cpu`` (the engine process's CPU time during the step -- on a shared,
+    elapsed time of the engine step), ``cpu`` (the engine process's CPU time during the step -- on a shared,
     oversubscribed machine the time the step would take on a dedicated core, without the periods the OS ran
-    other work; meaningful with ``threads=1``).
+    other work; meaningful with ``threads=1``) or ``norm`` (that CPU time scaled to the machine's quiet speed
+    by a reference loop timed right before and after every step, :class:`~slogym.engines.live.worker.
+    SpeedReference`: removes the slow drift of CPU time with other tenants' load; ~0.25 ms of extra wall time
+    per step, not counted). The worker raises oneDNN's primitive cache (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``,
+    default 8192 here, 1024 in oneDNN) so that a warmed-up engine keeps every GEMM shape it has seen.
     """
 
     model: str
@@ -122,7 +126,8 @@ class VLLMEngine:
 
     ``step(plan, add=, abort=, preempt=)`` runs one engine iteration whose batch is ``plan`` =
     ``[(request, tokens, computed_before, known_tokens), ...]`` and returns the worker's reply: ``time_s`` and
-    ``cpu_s`` (wall and CPU time of ``LLMEngine.step()``), ``executed`` (the batch vLLM ran), ``finished``
+    ``cpu_s`` (wall and CPU time of ``LLMEngine.step()``), ``speed`` (the ``norm`` timing's quiet-speed factor,
+    1.0 otherwise), ``executed`` (the batch vLLM ran), ``finished``
     (requests vLLM completed), ``state`` (computed/known tokens after the step). :meth:`duration` picks the
     configured timing. Any failure raises :class:`EngineError` and leaves the engine closed.
     """
@@ -135,7 +140,7 @@ class VLLMEngine:
         self._log = tempfile.NamedTemporaryFile(prefix="slogym-vllm-", suffix=".log", delete=False)
         env = os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1",
                             "VLLM_LOGGING_LEVEL": "WARNING", "OMP_NUM_THREADS": str(config.threads),
-                            "PYTHONNOUSERSITE": "1"} | config.env
+                            "PYTHONNOUSERSITE": "1", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "8192"} | config.env
         env.pop("PYTHONPATH", None)  # the worker imports only vLLM; never the caller's packages
         self.proc = subprocess.Popen([py, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._log, env=env, cwd=tempfile.gettempdir())
@@ -143,7 +148,7 @@ class VLLMEngine:
         self.iterations = 0
         cfg = {k: getattr(config, k) for k in ("model", "block_size", "num_blocks", "max_num_seqs",
                                                "max_num_batched_tokens", "max_model_len", "dtype", "seed",
-                                               "threads", "nice")}
+                                               "threads", "nice", "timing")}
         self.info = self._call({"cmd": "init", **cfg}, config.init_timeout, "start-up")
         if int(self.info["num_blocks"]) != config.num_blocks:
             self.close()
@@ -218,7 +223,9 @@ class VLLMEngine:
 
     def duration(self, reply: dict[str, Any]) -> float:
         """The iteration time of a step reply under this engine's ``timing``."""
-        return float(reply["cpu_s"] if self.config.timing == "cpu" else reply["time_s"])
+        if self.config.timing == "wall":
+            return float(reply["time_s"])
+        return float(reply["cpu_s"]) * (float(reply["speed"]) if self.config.timing == "norm" else 1.0)
 
     def abort(self, requests: list[int]) -> int:
         """Abort ``requests`` in the engine (their KV is freed) without running a step; returns the engine's

@@ -9,7 +9,7 @@ one it dropped is aborted. Before every step the engine checks that its computed
 planned request equal the simulator's, so the two ledgers cannot drift silently.
 
 Clocks: ``afap`` (as fast as possible) keeps arrivals virtual and advances the clock by measured iteration
-times only (wall or CPU time of the engine step, per ``EngineConfig.timing``); ``real`` sleeps until each
+times only (wall, CPU or normalized CPU time of the engine step, per ``EngineConfig.timing``); ``real`` sleeps until each
 iteration's start time has come on the wall clock (arrival offsets from the start of the run), and an iteration's duration is wall time from its scheduled start to the end of the
 engine step, so policy and IPC overhead and any lateness count as they would in a real server.
 
@@ -99,7 +99,7 @@ class LiveSimulator(Simulator):
         self._known: list[set[int]] = [set() for _ in range(n)]      # requests the engine holds
         self._freed: list[set[int]] = [set() for _ in range(n)]      # KV dropped by the simulator since last step
         self._engine_done: list[set[int]] = [set() for _ in range(n)]  # finished by the engine itself
-        self._iter_log: list[tuple[int, float, float, float, float, BatchFeatures]] = []
+        self._iter_log: list[tuple[int, float, float, float, float, float, BatchFeatures]] = []
         self.error: str | None = None
 
     def run(self) -> "LiveSimulator":
@@ -181,7 +181,7 @@ class LiveSimulator(Simulator):
                 raise EngineError(f"instance {i}: request {r} has {got[0]} computed tokens in the engine after "
                                   f"the step, the simulator expects {c + n}")
         self._iter_log.append((i, self.now, eng.duration(reply), float(reply["time_s"]), float(reply["cpu_s"]),
-                               features))
+                               float(reply["speed"]), features))
         return dt
 
     def _resolve_freed(self, i: int) -> tuple[list[int], list[int]]:
@@ -221,10 +221,11 @@ class LiveSimulator(Simulator):
     def iteration_records(self) -> pd.DataFrame:
         """One row per executed iteration: ``instance``, ``start`` (sim time), the BatchFeatures columns,
         ``time_s`` (the engine step under the engine's timing; the columns ``slogym profile fit`` reads),
-        ``wall_s`` and ``cpu_s``."""
+        ``wall_s``, ``cpu_s`` and ``speed`` (the ``norm`` timing's factor; 1.0 under the other timings)."""
         rows = [{"instance": i, "start": t, **{k: int(v) for k, v in zip(BatchFeatures._fields, f)},
-                 "time_s": dt, "wall_s": wall, "cpu_s": cpu} for i, t, dt, wall, cpu, f in self._iter_log]
-        cols = ["instance", "start", *BatchFeatures._fields, "time_s", "wall_s", "cpu_s"]
+                 "time_s": dt, "wall_s": wall, "cpu_s": cpu, "speed": speed}
+                for i, t, dt, wall, cpu, speed, f in self._iter_log]
+        cols = ["instance", "start", *BatchFeatures._fields, "time_s", "wall_s", "cpu_s", "speed"]
         return pd.DataFrame(rows, columns=cols)
 
 
