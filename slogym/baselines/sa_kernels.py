@@ -99,9 +99,8 @@ def _score(plans: np.ndarray, q: int, n: int, exec_time: np.ndarray, limit: np.n
         return met, lat
     dur[:] = 0.0
     for j in range(n):   # a batch lasts as long as its longest member
-        e = exec_time[plans[q, n + plans[q, j]] - 1, j]
-        if e > dur[plans[q, j]]:
-            dur[plans[q, j]] = e
+        b = plans[q, j]
+        dur[b] = max(dur[b], exec_time[plans[q, n + b] - 1, j])
     for b in range(n):   # exclusive prefix: the wait of batch b (Eq. 11)
         d = dur[b]
         dur[b] = acc
@@ -139,16 +138,14 @@ def _target(plans: np.ndarray, q: int, n: int, bmax: int, kind: int, r: int, r2:
     """New batch of request ``r`` under one §4.3 move on plan row ``q``, or -1 when the move is a no-op: ``kind``
     0 = squeeze ``r`` into the previous batch (not from the first, if that batch has room), 1 = delay it into the
     next (if that has room), 2 = swap ``r`` and ``r2`` (``r`` takes ``r2``'s batch)."""
-    gr = plans[q, r]
-    if kind == 2:
-        return plans[q, r2] if plans[q, r2] != gr else -1
+    gr, g2 = plans[q, r], plans[q, r2]
     if bmax == 1:   # every batch is full: squeeze and delay never have room
-        return -1
-    if kind == 0 and gr > 0 and plans[q, n + gr - 1] < bmax:
-        return gr - 1
-    if kind == 1 and gr < n - 1 and plans[q, n + gr + 1] < bmax:
-        return gr + 1
-    return -1
+        return g2 if kind == 2 and g2 != gr else -1
+    # selects, not branches (the kind is random): batch gr - 1 (index n - 1 >= 0 when gr = 0, masked) or gr + 1
+    prev = gr - 1 if (gr > 0) & (plans[q, n + gr - 1] < bmax) else -1
+    nxt = gr + 1 if (gr < n - 1) & (plans[q, n + min(gr + 1, n - 1)] < bmax) else -1
+    swap = g2 if g2 != gr else -1
+    return prev if kind == 0 else (nxt if kind == 1 else swap)
 
 
 @njit(**_INLINE)
