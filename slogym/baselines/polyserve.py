@@ -83,7 +83,6 @@ from slogym.baselines.common import (batch_of, fill_prefill_chunks, make_room_fo
 from slogym.core.batch import Batch, BatchFeatures
 from slogym.core.instance import Instance, Role
 from slogym.core.policy import BEST_EFFORT, DEFER, Policy, Router, Scaler, Scheduler
-from slogym.core.state import Status
 from slogym.engines.perf_models import TablePerf
 
 if TYPE_CHECKING:
@@ -301,14 +300,11 @@ class Fleet:
         self._settled = False
 
     # ---------------------------------------------------------------- refresh
-    def predicted_remaining(self, reqs: np.ndarray) -> np.ndarray:
-        """Average decode length minus tokens generated so far, at least 1 (§4.5's output-length prediction)."""
-        return np.maximum(np.int64(self.avg_len) - self.sim.rs.generated[reqs], 1)
-
     def read(self, inst: Instance) -> float:
-        """Refresh instance ``inst``'s row from its residents (one compiled pass, :func:`observe_row`; ``q_pre``
-        still counts the chunks of the batch being formed). Returns the tightest TPOT among its residents with
-        an SLO (``inf`` if none)."""
+        """Refresh instance ``inst``'s row from its residents (one compiled pass,
+        :func:`polyserve_kernels.observe_row`: each resident's predicted remaining output is the average decode
+        length minus its tokens generated so far, at least 1, §4.5; ``q_pre`` still counts the chunks of the batch
+        being formed). Returns the tightest TPOT among its residents with an SLO (``inf`` if none)."""
         rs = self.sim.rs
         res = np.array(inst.running + inst.waiting, np.int64) if inst.waiting else inst.running_array()
         self._fit(res.size)
@@ -709,8 +705,9 @@ class PolyServeRouter(_FleetRouter):
         ctx, prompt, r0, deadline, xfer_of = self._request(r, decode)
         xfer = float(xfer_of[fleet.engine_of[j[0]]]) if m else 0.0
         pk.verdicts(decode, j, fleet.curve_rows(tpot), tpot, fleet.grid, fleet.curves, fleet.rem, fleet.csum,
-                    fleet.pb, fleet.sa, fleet.n_res, fleet.q_pre, fleet.kv_now, fleet.busy_until, fleet.cap, fleet.max_seqs, table.tokens,
-                    table.kv, table.times, ctx, prompt, r0, now, deadline, xfer, ok, load, peak, first)
+                    fleet.pb, fleet.sa, fleet.n_res, fleet.q_pre, fleet.kv_now, fleet.busy_until, fleet.cap,
+                    fleet.max_seqs, table.tokens, table.kv, table.times, ctx, prompt, r0, now, deadline, xfer, ok, load,
+                    peak, first)
         return Verdict(ok, load, peak, first)
 
     def _request(self, r: int, decode: bool) -> tuple[int, int, int, float, np.ndarray]:
@@ -795,8 +792,9 @@ class PolyServeRouter(_FleetRouter):
         ctx, prompt, r0, deadline, xfer_of = self._request(req, decode)
         i, up = pk.place(t, fleet.n_tiers, fleet.label, fleet.host_rank[t], fleet.idle_label, fleet.res_tight,
                          decode, fleet.engine_of, xfer_of, fleet.grid, fleet.curves, fleet.row_tpot, fleet.rem,
-                         fleet.csum, fleet.pb, fleet.sa, fleet.n_res, fleet.q_pre, fleet.kv_now, fleet.busy_until, fleet.cap,
-                         fleet.max_seqs, table.tokens, table.kv, table.times, ctx, prompt, r0, now, deadline)
+                         fleet.csum, fleet.pb, fleet.sa, fleet.n_res, fleet.q_pre, fleet.kv_now, fleet.busy_until,
+                         fleet.cap, fleet.max_seqs, table.tokens, table.kv, table.times, ctx, prompt, r0, now,
+                         deadline)
         if i < 0:
             return DEFER
         if up:

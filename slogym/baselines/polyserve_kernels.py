@@ -233,9 +233,10 @@ def future_kv_peak_one(rem: np.ndarray, csum: np.ndarray, pb: np.ndarray, sa: np
 
 @njit(**_INLINE)
 def _admits(decode: bool, j: int, host_tpot: float, curve: np.ndarray, grid: np.ndarray, rem: np.ndarray,
-            csum: np.ndarray, pb: np.ndarray, sa: np.ndarray, n_res: np.ndarray, q_pre: np.ndarray, kv_now: np.ndarray, busy_until: np.ndarray,
-            cap: np.ndarray, max_seqs: np.ndarray, tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, ctx: int,
-            prompt: int, r0: int, now: float, deadline: float, xfer: float) -> tuple[bool, int, float]:
+            csum: np.ndarray, pb: np.ndarray, sa: np.ndarray, n_res: np.ndarray, q_pre: np.ndarray,
+            kv_now: np.ndarray, busy_until: np.ndarray, cap: np.ndarray, max_seqs: np.ndarray, tg: np.ndarray,
+            kg: np.ndarray, tt: np.ndarray, ctx: int, prompt: int, r0: int, now: float, deadline: float,
+            xfer: float) -> tuple[bool, int, float]:
     """Admission of one request on instance ``j`` (the rules are ``PolyServeRouter.admission`` (co-located) and
     ``decode_admission`` (``decode``)): (admitted, future KV peak, predicted first / next token time)."""
     n = n_res[j]
@@ -265,16 +266,16 @@ def _load(tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, n_res: np.ndarray, kv_
 @njit(**_JIT)
 def verdicts(decode: bool, cand: np.ndarray, curve_of: np.ndarray, host_tpot: np.ndarray, grid: np.ndarray,
              curves: np.ndarray, rem: np.ndarray, csum: np.ndarray, pb: np.ndarray, sa: np.ndarray,
-             n_res: np.ndarray, q_pre: np.ndarray,
-             kv_now: np.ndarray, busy_until: np.ndarray, cap: np.ndarray, max_seqs: np.ndarray, tg: np.ndarray,
-             kg: np.ndarray, tt: np.ndarray, ctx: int, prompt: int, r0: int, now: float, deadline: float,
-             xfer: float, ok: np.ndarray, load: np.ndarray, peak: np.ndarray, first: np.ndarray) -> None:
+             n_res: np.ndarray, q_pre: np.ndarray, kv_now: np.ndarray, busy_until: np.ndarray, cap: np.ndarray,
+             max_seqs: np.ndarray, tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, ctx: int, prompt: int, r0: int,
+             now: float, deadline: float, xfer: float, ok: np.ndarray, load: np.ndarray, peak: np.ndarray,
+             first: np.ndarray) -> None:
     """:func:`_admits` and :func:`_load` of each candidate instance ``cand[m]`` with host TPOT ``host_tpot[m]``
     (token-budget curve: row ``curve_of[m]`` of ``curves``), written to ``ok``, ``load``, ``peak``, ``first``."""
     for m in range(cand.size):
         ok[m], peak[m], first[m] = _admits(
-            decode, cand[m], host_tpot[m], curves[curve_of[m]], grid, rem, csum, pb, sa, n_res, q_pre, kv_now, busy_until,
-            cap, max_seqs, tg, kg, tt, ctx, prompt, r0, now, deadline, xfer)
+            decode, cand[m], host_tpot[m], curves[curve_of[m]], grid, rem, csum, pb, sa, n_res, q_pre, kv_now,
+            busy_until, cap, max_seqs, tg, kg, tt, ctx, prompt, r0, now, deadline, xfer)
         load[m] = _load(tg, kg, tt, n_res, kv_now, cand[m])
 
 
@@ -312,8 +313,8 @@ def place(t: int, n_tiers: int, label: np.ndarray, host_rank: np.ndarray, idle_l
             xfer = xfer_of[engine_of[j]]
         if rank > best_rank:
             continue
-        ok, _, _ = _admits(decode, j, row_tpot[row], curves[row], grid, rem, csum, pb, sa, n_res, q_pre, kv_now, busy_until,
-                           cap, max_seqs, tg, kg, tt, ctx, prompt, r0, now, deadline, xfer)
+        ok, _, _ = _admits(decode, j, row_tpot[row], curves[row], grid, rem, csum, pb, sa, n_res, q_pre, kv_now,
+                           busy_until, cap, max_seqs, tg, kg, tt, ctx, prompt, r0, now, deadline, xfer)
         if not ok:
             continue
         load = _load(tg, kg, tt, n_res, kv_now, j)
