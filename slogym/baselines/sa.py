@@ -20,7 +20,7 @@ request ``j`` as the batch. Instead of refitting Eq. 14-15, the engine's own per
 coefficients), so the plan and the simulator agree on iteration times. Eq. 16 sums the per-token decode time over
 the ``O_j - 1`` decode iterations with contexts ``L_j .. L_j + O_j - 2``; it is evaluated as the count times the mean
 of the first and last iteration's time -- exact for any model linear in the context (Eq. 15), an approximation for
-others. All ``B_max x N`` values are computed in one vectorized perf-model call per plan.
+others. All ``B_max x N`` prefill and decode values come from one vectorized perf-model call per plan.
 
 **Output lengths (§4.2, §5.1, §5.3).** :class:`~slogym.workloads.gaussian.GaussianLengthPredictor`: per-app Gaussian
 updated online from completed requests, one random draw per request (kept for the request's lifetime so plans are
@@ -44,8 +44,10 @@ Deviations, all documented in ``docs/baselines/sa.md``:
   in parallel, one Metropolis move each, instead of one after another by a single plan; between levels the
   population is resampled by each plan's Boltzmann-weight change, so it concentrates where a single chain cooling
   to the next temperature would be. Same budget (``L`` x levels evaluated moves). The best plan ever seen is
-  returned. The loop is compiled (:mod:`slogym.baselines.sa_kernels`, Numba); :meth:`PlanProblem.score` and
-  :func:`_propose` are its vectorized NumPy references (and score the start solutions and the exhaustive search).
+  returned (checked at every accepted move). The loop is compiled (:mod:`slogym.baselines.sa_kernels`, Numba),
+  draws its random numbers from its own generator seeded by the scheduler's, and at ``B_max = 1`` scores a swap
+  incrementally (only the positions between the two swapped ones change); :meth:`PlanProblem.score` and
+  :func:`_propose` are its vectorized NumPy references (and score the exhaustive search).
 * Population cap: at most ``max_entries // N`` plans per level (:class:`AnnealConfig`), so replans of hundreds of
   queued requests in overloaded simulations stay cheap; ``L = 500`` holds up to N = 16.
 * Temperature units: ``G`` has units of 1/s, so the paper's temperatures only make sense on a normalized scale; the

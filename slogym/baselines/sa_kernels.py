@@ -1,27 +1,32 @@
 """Compiled inner loop of the SA plan search (Huang et al. 2025, §4.3 Algorithm 1; population form in ``sa.py``).
 
-A whole search is one compiled call (Numba) that walks the population plan by plan: the same moves
-(:func:`_target` and :func:`_apply` = ``sa._propose``; at ``B_max = 1`` the swap of :func:`_swap_score` and
-:func:`_swap_commit`), the objective ``G`` of Eq. 2-12 (:func:`_score` = ``PlanProblem.score``), the Metropolis
-test and systematic resampling. ``tests/test_sa.py`` checks the compiled objective and moves against the NumPy ones.
+A whole search is one compiled call (Numba, :func:`anneal_population`) that walks the population plan by plan:
+the §4.3 moves (:func:`_target` and :func:`_apply` = ``sa._propose``; at ``B_max = 1`` the swap of
+:func:`_swap_score` and :func:`_swap_commit`), the objective ``G`` of Eq. 2-12 (:func:`_score` =
+``PlanProblem.score``), the Metropolis test and systematic resampling. ``tests/test_sa.py`` checks the compiled
+moves, their scores and the resampling against NumPy references.
 
 Random numbers come from a SplitMix64 generator inside the loop (:func:`_next`), seeded with one draw of the
-caller's seeded ``numpy.random.Generator``: same seed, same search. A move is three mixed-radix digits of 32 random
-bits in fixed point (:func:`_move`, bias ~ ``3 N^2 2^-32``); the Metropolis test draws a uniform only for a move
-that lowers ``G`` (:func:`_accept`).
+caller's seeded ``numpy.random.Generator``: same seed, same search, and no arrays of draws to fill and pass. A move
+is three mixed-radix digits of 32 random bits in fixed point (:func:`_move`, uniform on 3 x N x N up to a bias of
+~``3 N^2 2^-32``); each scored move draws one uniform for the Metropolis test (:func:`_accept`, which takes a log
+only in the rare band where cheap bounds on ``exp`` do not decide).
 
-Layout. Plans are rows of tables, one row per plan of the population, updated in place (a rejected move is undone;
-resampling copies only the rows it replaces, :func:`_regroup`); per plan also its SLOs met, latency sum and ``G``.
+Layout. Plans are rows of tables, one row per plan of the population, changed in place: resampling copies only the
+rows it replaces (:func:`_regroup`, ~10-20% per level); per plan also its SLOs met, latency sum and ``G``.
 
-* ``B_max > 1``: an integer row of ``2N``: ``g`` (N,), the batch of each request in ``0..N-1``
-  (``sa.PlanProblem``), then the size of each batch, which the squeeze/delay room check reads. A scored move is
-  rescored in full (O(N), :func:`_score`).
-* ``B_max = 1`` (only swaps move; a batch is a position): the integer row is ``g``, the position of each request;
-  a float row holds per position the execution time, the deadline and the completion time of its request. A swap
-  of positions ``a < b`` shifts the completion times of positions ``a..b-1`` by ``d = e_b - e_a`` and nothing
-  else, so the latency sum changes by ``(b - a) d`` and the SLOs met are one pass of comparisons (:func:`_swap_score`,
-  no prefix sum). Completion times are updated by adding ``d`` and may differ from a fresh prefix sum in the last
-  bits; the returned plan's ``G`` is rescored from scratch.
+* ``B_max > 1``: an int32 row of ``2N``: ``g`` (N,), the batch of each request in ``0..N-1``
+  (``sa.PlanProblem``), then the size of each batch, which the squeeze/delay room check reads. A move is applied,
+  rescored in full (O(N), :func:`_score`) and undone if rejected.
+* ``B_max = 1`` (every batch holds one request; only swaps move): an int32 row, the request at each position, and a
+  float row, the completion time of each position. Swapping two uniformly drawn requests is swapping two uniformly
+  drawn positions (a plan is a bijection), so the search draws positions; squeeze and delay are no-ops, so a level
+  first lists the plans whose move is a swap, then scores only those. Swapping positions ``a < b`` shifts the
+  completion times of positions ``a..b-1`` by ``d = e(request at b) - e(request at a)`` and no other: the latency
+  sum changes by ``(b - a) d`` and the SLOs met are one pass of comparisons without a prefix sum
+  (:func:`_swap_score`). An accepted swap adds ``d`` to those completion times (which may then differ from a fresh
+  prefix sum in the last bits); the returned plan's ``G`` is rescored from scratch. The Metropolis outcome is
+  applied by selects, not branches: it is unpredictable.
 """
 
 from __future__ import annotations
