@@ -267,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             live.result().records.to_csv(out / f"live_{name}.csv", index=False)
             sim.result().records.to_csv(out / f"sim_{name}.csv", index=False)
             live.iteration_records().to_csv(out / f"iterations_{name}.csv", index=False)
+            (out / f"batches_{name}.json").write_text(json.dumps({"live": live.batches, "sim": sim.batches}))
     if args.save:
         prof.to_csv(Path(args.save) / "profile.csv", index=False)
         (Path(args.save) / "preset.json").write_text(json.dumps(spec.to_dict(), indent=1, default=float) + "\n")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from slogym.baselines import make_policy
-from slogym.core.batch import Batch
+from slogym.core.batch import Batch, BatchFeatures
 from slogym.core.errors import EngineError
 from slogym.core.policy import Policy, Scheduler
 from slogym.core.request import Request, Workload, decode, external, prefill
@@ -280,6 +280,16 @@ def test_norm_timing_and_noise_floor(engine: VLLMEngine) -> None:
     noise = repeat_noise(engine, n=5, batch=2, context=32, chunk=16)
     assert set(noise) == {"prefill", "decode", "mixed"} and all(np.isfinite(v) and v >= 0 for v in noise.values())
     assert engine.abort([]) == engine.config.num_blocks
+
+
+def test_profile_visit_median_keeps_features_fixed() -> None:
+    from slogym.engines.profiler import _median_step
+
+    feats = [BatchFeatures.build(decode_seqs=2, decode_tokens=2, decode_ctx=c) for c in (40, 42, 44)]
+    t, f = _median_step(list(zip([3.0, 1.0, 2.5], feats)))
+    # the median time, but the middle iteration's features (not the median iteration's): a composition measured
+    # in several passes must aggregate into one row whatever its timing noise
+    assert t == 2.5 and f is feats[1]
 
 
 def test_speed_reference_freezes_its_unit(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -185,8 +185,8 @@ def profile(engine: VLLMEngine, grid: ProfileGrid | None = None, repeats: int = 
 
     Returns the records: BatchFeatures columns, ``time_s``, ``kind`` and ``pass``. The grid is swept ``repeats``
     times (passes), each pass in its own seeded random order, and each visit measures one iteration after
-    ``warmup`` unmeasured ones of the same composition (``measure`` > 1: the median of that many back-to-back
-    measured iterations, odd; the row has the median iteration's own features); repeats of one batch are therefore minutes apart, so a
+    ``warmup`` unmeasured ones of the same composition (``measure`` > 1: the median time of that many
+    back-to-back measured iterations, odd, with the middle one's features); repeats of one batch are therefore minutes apart, so a
     shared machine's load phases spread over all compositions instead of lining up with some (use
     :func:`aggregate` for one median row per composition). Each visit starts from an empty engine; its setup
     iterations (prefilling a decode batch's context) are not recorded. ``warm`` first runs :func:`warm_shapes`."""
@@ -219,8 +219,8 @@ def profile(engine: VLLMEngine, grid: ProfileGrid | None = None, repeats: int = 
 
 def _visit(d: _Driver, kind: str, point: tuple[int, ...], warmup: int, measure: int,
            budget: int) -> tuple[float, BatchFeatures]:
-    """``warmup`` + ``measure`` iterations of one composition from an empty engine; returns the median measured
-    one (time and its own features: a decode context grows by one token per step)."""
+    """``warmup`` + ``measure`` iterations of one composition from an empty engine; returns the measured ones'
+    median time and the middle one's features."""
     steps: list[tuple[float, BatchFeatures]] = []
     if kind == "prefill":
         b, n = point
@@ -248,7 +248,9 @@ def _visit(d: _Driver, kind: str, point: tuple[int, ...], warmup: int, measure: 
 
 
 def _median_step(steps: list[tuple[float, BatchFeatures]]) -> tuple[float, BatchFeatures]:
-    return sorted(steps, key=lambda s: s[0])[len(steps) // 2]
+    """The median time of ``steps`` with the middle step's features: fixed per composition (a decode context
+    grows by one token per step), so repeats of a composition in other passes aggregate together."""
+    return float(np.median([t for t, _ in steps])), steps[len(steps) // 2][1]
 
 
 def aggregate(df: pd.DataFrame) -> pd.DataFrame:
