@@ -58,16 +58,17 @@ def vector(env_id: str, kw: dict, steps: int, n: int, clock: Callable[[], float]
 
 
 def simulator_alone(env_id: str, kw: dict, steps: int, clock: Callable[[], float], repeat: int) -> float:
-    """``steps`` decisions of the env's kind on its first episode window (replayed as needed), each answered
-    by the baseline policy straight from the paused simulator."""
+    """``steps`` decisions of the env's kind on the episodes (windows, simulator seeds) the env plays after
+    ``reset(seed=0)``, each answered by the baseline policy straight from the paused simulator."""
     env = gym.make(env_id, **kw).unwrapped
-    env.reset(seed=0)
     rates = []
     for _ in range(repeat):
+        env.reset(seed=0)
         n, elapsed = 0, 0.0
         while n < steps:
             pol = make_policy(env.policy_name, env.engine)
-            sim = Simulator(env.sim.w, env.engine, pol, env.n_instances, seed=0, attainment=env.attainment)
+            sim = Simulator(env.sim.w, env.engine, pol, env.n_instances, seed=env.sim.seed,
+                            attainment=env.attainment, pd=env.pd)
             env._configure(sim)
             route = env.decision == "route"
             t0 = clock()
@@ -81,6 +82,7 @@ def simulator_alone(env_id: str, kw: dict, steps: int, clock: Callable[[], float
             except StopIteration:
                 pass
             elapsed += clock() - t0
+            env.reset()  # the env's next episode
         rates.append(steps / elapsed)
     return max(rates)
 

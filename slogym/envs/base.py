@@ -28,12 +28,12 @@ from gymnasium import spaces
 from slogym.baselines import list_policies, make_policy
 from slogym.core.batch import BatchFeatures
 from slogym.core.instance import Instance
-from slogym.envs import kernels
 from slogym.core.metrics import service_gain, slo_verdicts
 from slogym.core.request import Workload
 from slogym.core.simulator import Simulator
 from slogym.engines.base import EngineSpec
 from slogym.engines.registry import get_engine
+from slogym.envs import kernels
 from slogym.workloads.predictors import EmpiricalLengthPredictor
 from slogym.workloads.scenarios import SCENARIOS, make_workload
 
