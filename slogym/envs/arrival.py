@@ -55,13 +55,7 @@ class ArrivalEnv(ServingEnv):
     def _fits(self, r: int) -> np.ndarray:
         """Per instance: can it ever hold request ``r``'s largest context in KV?"""
         sim = self.sim
-        if self._capacity.size != len(sim.instances):  # instances are only ever added, never changed
-            self._capacity = np.array([i.total_blocks * i.block_size for i in sim.instances], dtype=np.int64)
-        return sim._max_ctx[r] <= self._capacity
-
-    def _bind(self, sim: Simulator) -> None:
-        super()._bind(sim)
-        self._capacity = np.zeros(0, np.int64)  # KV tokens each instance can hold
+        return np.array([sim._max_ctx[r] <= i.total_blocks * i.block_size for i in sim.instances])
 
     def _check(self, action: Any) -> int:
         a = int(np.asarray(action).reshape(-1)[0]) if np.ndim(action) else int(action)
