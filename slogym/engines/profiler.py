@@ -149,6 +149,12 @@ def repeat_noise(engine: VLLMEngine, n: int = 100, batch: int = 16, context: int
     ``context``), one prefill of ``chunk`` tokens and one mixed batch (both together); for each, the mean
     ``|t / median - 1|`` in % of the engine's iteration time (its ``timing``). No perf model can have a smaller
     per-iteration error than this on the same machine at the same moment."""
+    cfg = engine.config
+    if n < 1 or context + 2 * n + 4 > cfg.max_model_len or batch * (context + 2 * n + 4) + 2 * chunk > \
+            cfg.num_blocks * cfg.block_size or batch + 1 > cfg.max_num_seqs or batch + chunk > cfg.max_num_batched_tokens:
+        raise ValueError(f"repeat_noise(n={n}, batch={batch}, context={context}, chunk={chunk}) does not fit the "
+                         f"engine (max_model_len={cfg.max_model_len}, KV {cfg.num_blocks}x{cfg.block_size}, "
+                         f"max_num_seqs={cfg.max_num_seqs}, max_num_batched_tokens={cfg.max_num_batched_tokens})")
     d = _Driver(engine)
     out: dict[str, float] = {}
 
@@ -164,7 +170,7 @@ def repeat_noise(engine: VLLMEngine, n: int = 100, batch: int = 16, context: int
 
     out["prefill"] = spread([prefill_once() for _ in range(n)])
     rids = [d.new(context, 2 * n + 4) for _ in range(batch)]
-    d.prefill_all(rids, engine.config.max_num_batched_tokens)
+    d.prefill_all(rids, cfg.max_num_batched_tokens)
     out["decode"] = spread([d.step([(r, 1) for r in rids])[0] for _ in range(n)])
 
     def mixed_once() -> float:
