@@ -168,6 +168,22 @@ def test_preset_is_monotone_and_batch_invariant(name):
     assert spec.batch_time(BatchFeatures.build(prefill_tokens=0))[0] == 0.0
 
 
+@pytest.mark.parametrize("name", SHIPPED)
+def test_one_batch_alone_equals_the_vectorized_time(name):
+    """The simulator times a stepped iteration with ``batch_time_one`` (Python ints) and a fast-forwarded
+    stretch with ``batch_time`` (arrays): fast-forward equals stepping only if both give the same bits."""
+    spec = get_engine(name)
+    f = random_batches(300, seed=4)
+    t = spec.batch_time(f)
+    one = [spec.batch_time_one(BatchFeatures(*(int(a[i]) for a in f))) for i in range(300)]
+    assert all(isinstance(v, float) for v in one) and np.array_equal(np.array(one), t)
+    if spec.perf.family == "analytic":  # compiled for NumPy; the uncompiled formula (CuPy's path) must agree
+        from slogym.engines.perf_models import _analytic_time
+
+        args = (f.prefill_tokens, f.prefill_seqs, f.prefill_attn, f.decode_seqs, f.decode_tokens, f.decode_ctx)
+        assert np.array_equal(_analytic_time.py_func(*args, spec.perf._coef), t)
+
+
 def test_llama3_8b_h100_sanity():
     """Decode of 32 x 1k context ~10-20 ms; a 2048-token prefill tens of ms (~35 TFLOP at ~600 TFLOP/s)."""
     spec = get_engine("llama3-8b-h100")

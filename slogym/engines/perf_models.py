@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Sequence
 
 import numpy
+from numba import njit
 
 from slogym.core.batch import BatchFeatures
 from slogym.engines.base import SCALAR, PerfModel
@@ -201,6 +202,21 @@ class TablePerf(PerfModel):
                 "times": numpy.asarray(self._tt).tolist()}
 
 
+@njit(cache=True, nogil=True)
+def _analytic_time(prefill_tokens: Any, prefill_seqs: Any, prefill_attn: Any, decode_seqs: Any, decode_tokens: Any,
+                   decode_ctx: Any, c: numpy.ndarray) -> Any:
+    """:class:`AnalyticPerf`'s formula, element-wise on ints or arrays; ``c`` = (lin_c, lin_a, lin_w, tok, pf_c,
+    pf_b, dec, attn_fix, lm_c, lm_w, fixed), the per-iteration coefficients its ``__init__`` folds."""
+    tokens = prefill_tokens + decode_tokens
+    t = numpy.maximum(tokens * c[0], tokens * c[1] + c[2])
+    t = t + tokens * c[3]
+    t = t + numpy.maximum(prefill_attn * c[4], prefill_tokens * c[5])
+    t = t + decode_ctx * c[6]
+    t = t + ((prefill_tokens > 0) * c[7] + (decode_seqs > 0) * c[7])
+    t = t + numpy.maximum((prefill_seqs + decode_tokens) * c[8], c[9])
+    return (tokens > 0) * (t + c[10])  # an empty batch takes no time
+
+
 class AnalyticPerf(PerfModel):
     """Roofline built from model architecture and GPU datasheet numbers, with fitted efficiency factors.
 
@@ -263,17 +279,15 @@ class AnalyticPerf(PerfModel):
         self._attn_fix = L * q["attn_fixed_s"]
         self._lm_c = 2.0 * h * q["vocab"] / tp / flops_mm
         self._lm_w = h * q["vocab"] / tp * db / bw_lin
+        self._coef = numpy.array([self._lin_c, self._lin_a, self._lin_w, self._tok, self._pf_c, self._pf_b,
+                                  self._dec, self._attn_fix, self._lm_c, self._lm_w, self._fixed])
 
     def batch_time(self, f: BatchFeatures, x: Any = None) -> Any:
-        X = _ops(x)
-        tokens = f.prefill_tokens + f.decode_tokens
-        t = X.maximum(tokens * self._lin_c, tokens * self._lin_a + self._lin_w)
-        t = t + tokens * self._tok
-        t = t + X.maximum(f.prefill_attn * self._pf_c, f.prefill_tokens * self._pf_b)
-        t = t + f.decode_ctx * self._dec
-        t = t + ((f.prefill_tokens > 0) * self._attn_fix + (f.decode_seqs > 0) * self._attn_fix)
-        t = t + X.maximum((f.prefill_seqs + f.decode_tokens) * self._lm_c, self._lm_w)
-        return X.where(tokens > 0, t + self._fixed, 0.0)
+        args = (f.prefill_tokens, f.prefill_seqs, f.prefill_attn, f.decode_seqs, f.decode_tokens, f.decode_ctx,
+                self._coef)
+        # compiled for Python ints and NumPy arrays (the simulator's paths); other array modules (CuPy) run the
+        # same formula uncompiled, their arrays dispatching NumPy's ufuncs
+        return _analytic_time(*args) if x is None or x is SCALAR or x is numpy else _analytic_time.py_func(*args)
 
     def attention_layer_time(self, f: BatchFeatures) -> Any:
         """Attention kernel time of one layer on one GPU (the terms ``attention.csv`` measures)."""
