@@ -324,6 +324,21 @@ def stretch_ends(t: float, dts: np.ndarray, horizon: float) -> tuple[np.ndarray,
 
 
 @njit(**_JIT)
+def next_deadline(F: np.ndarray, I: np.ndarray, stage: np.ndarray, ready: np.ndarray, stage_kind: np.ndarray,
+                  stage_ttft: np.ndarray, idx: np.ndarray, decode: int) -> np.ndarray:
+    """:meth:`RequestState.next_deadline`: the next token's deadline in a decode stage, else the TTFT deadline."""
+    out = np.empty(idx.size)
+    for j in range(idx.size):
+        r = idx[j]
+        s = stage[r]
+        if stage_kind[s] == decode:
+            out[j] = F[r, F_DL] + I[r, I_GEN_STAGE] * F[r, F_TPOT]
+        else:
+            out[j] = ready[r] + stage_ttft[s]
+    return out
+
+
+@njit(**_JIT)
 def decode_split(I: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``idx`` split, order kept, into the requests whose next computation is a single token (a decode step,
     prefill caught up) and the rest (still prefilling)."""

@@ -879,14 +879,14 @@ class Simulator:
 
     def _preempt(self, inst: Instance, r: int, t: float) -> None:
         rs = self.rs
-        if rs.instance[r] != inst.id or rs.status[r] != Status.RUNNING:
+        if rs.instance[r] != inst.id or rs.status[r] != _RUNNING:
             raise SchedulerError(f"instance {inst.id}: cannot preempt request {r} "
                                  f"(status {Status(rs.status[r]).name}, instance {rs.instance[r]})")
         rs.recomputed[r] += rs.num_computed[r]
         rs.n_preempt[r] += 1
         self.log_event(t, "preempt", r, inst.id, int(rs.num_computed[r]))
         self._release(r)
-        rs.status[r] = Status.WAITING
+        rs.status[r] = _WAITING
         rs.slot[r] = inst.id
         inst.waiting.insert(0, r)
         self._kv_holders_first(inst)

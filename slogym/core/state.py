@@ -97,7 +97,7 @@ class RequestState:
     def next_deadline(self, w: Workload, idx: np.ndarray) -> np.ndarray:
         """Deadline of each request's next output: its next token's deadline in a decode stage, the TTFT
         deadline in a prefill stage (``inf`` without an SLO)."""
-        stage = self.stage[idx]
-        in_decode = w.stage_kind[stage] == StageKind.DECODE
-        token_dl = self.dl_base[idx] + self.gen_in_stage[idx] * self.tpot[idx]
-        return np.where(in_decode, token_dl, self.ready[idx] + w.stage_ttft[stage])
+        from slogym.core import kernels  # kernels import this module
+
+        return kernels.next_deadline(self.F, self.I, self.stage, self.ready, w.stage_kind, w.stage_ttft,
+                                     np.asarray(idx, dtype=np.int64), int(StageKind.DECODE))
