@@ -7,7 +7,7 @@ ones), as CPU time of this thread (robust to other processes on a shared machine
 against the exhaustive optimum. References measured in the same run: the paper-literal sequential annealing in
 Python (one move at a time, Metropolis per move, the same ``L`` x 32 evaluations, NumPy moves and objective) and
 the exhaustive search (N = 10, B_max = 1: 10! plans; ``--n-exh`` lowers it on a slow machine). A breakdown line
-splits the default search into its compiled loop and the rest (start solutions, random draws). Run on one quiet
+splits the default search into its compiled loop and the rest (start solutions, seeding its generator). Run on one quiet
 core: ``taskset -c 1 nice ...``.
 """
 
@@ -117,7 +117,7 @@ def breakdown(p: PlanProblem, reps: int) -> str:
     finally:
         sa.anneal_population = kernel
     return (f"breakdown, N=10, B_max=1, L=500: compiled loop median {np.median(loop) * 1e3:.3f} ms CPU of "
-            f"{total * 1e3:.3f} ms (the rest: start solutions, random draws, call overhead)")
+            f"{total * 1e3:.3f} ms (the rest: start solutions, seeding, call overhead)")
 
 
 if __name__ == "__main__":
