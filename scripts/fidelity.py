@@ -56,8 +56,8 @@ AZURE = ROOT.parent / "shared" / "traces" / "azure_conv_2023.csv.gz"
 FAMILIES = ("quadratic", "linear-interaction", "roofline", "table")
 # Families picked among by default: those whose features separate prefill and decode work in one batch. `table`
 # (total tokens x KV tokens) and `roofline` (total tokens) give a prefill chunk and the same number of decode
-# steps the same cost, so on mixed batches away from the profile grid they predicted 13-31 % too little on the live engine
-# while winning on the grid's held-out rows (7 %); they stay available through --family.
+# steps the same cost, so on mixed batches away from the profile grid they predicted 13-31 % too little on the
+# live engine while winning on the grid's held-out rows (6-7 %); they stay available through --family.
 AUTO_FAMILIES = ("quadratic", "linear-interaction")
 
 
@@ -129,8 +129,9 @@ def schedule_agreement(live: list[tuple[tuple[int, int], ...]], sim: list[tuple[
 
 def fit_best(records: pd.DataFrame, family: str | None,
              seed: int) -> tuple[str, Any, dict[str, Any], dict[str, tuple[Any, dict[str, Any]]]]:
-    """Fit every family of :data:`AUTO_FAMILIES` (or ``family``) to the per-composition medians of ``records`` (robust to load bursts on
-    a shared machine); returns the one with the lowest held-out MAPE: family, model, its report, all fits."""
+    """Fit every family of :data:`AUTO_FAMILIES` (or ``family``) to the per-composition medians of ``records``
+    (robust to load bursts on a shared machine); returns the one with the lowest held-out MAPE: family, model,
+    its report, all fits."""
     med = aggregate(records)
     fits = {f: fit_perf_model(med, f, seed=seed) for f in ([family] if family else AUTO_FAMILIES)}
     best = min(fits, key=lambda f: fits[f][1]["holdout_mape_pct"])
@@ -280,20 +281,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.save:
         prof.to_csv(Path(args.save) / "profile.csv", index=False)
         (Path(args.save) / "preset.json").write_text(json.dumps(spec.to_dict(), indent=1, default=float) + "\n")
-    res = pooled(per) | {"family": family, "profile_rows": len(prof), "profile_holdout_mape": report["holdout_mape_pct"],
-                         "noise_floor_mape": noise_floor(prof), "noise_back_to_back": noise,
-                         "profile_drift_pct": profile_drift(pre, post), "timing": args.timing,
-                         "rate": args.rate, "warm_shapes": args.warm_shapes, "workload": src, "requests": len(w),
+    res = pooled(per) | {"family": family, "profile_rows": len(prof),
+                         "profile_holdout_mape": report["holdout_mape_pct"], "noise_floor_mape": noise_floor(prof),
+                         "noise_back_to_back": noise, "profile_drift_pct": profile_drift(pre, post),
+                         "timing": args.timing, "rate": args.rate, "warm_shapes": args.warm_shapes, "workload": src,
+                         "requests": len(w),
                          "per_policy": {k: {m: v for m, v in p.items() if not m.startswith("_")}
                                         for k, p in per.items()}}
     if args.json:
         print(json.dumps(res))
         return 0
-    print(f"workload: {src}, {len(w)} requests at {args.rate}/s; timing: {args.timing}; perf model: {family} (profile held-out MAPE "
-          f"{report['holdout_mape_pct']:.1f}%, measurement noise floor {res['noise_floor_mape']:.1f}% across "
-          "passes, back to back " + ", ".join(f"{k} {v:.1f}%" for k, v in noise.items()) + ")")
-    cols = ["iteration_mape", "iteration_bias", "ttft_median_rel_err", "ttft_p90_rel_err", "tpot_median_rel_err", "tpot_p90_rel_err",
-            "ttlt_median_rel_err", "ttlt_p90_rel_err", "attainment_live", "attainment_sim", "iterations_live",
+    print(f"workload: {src}, {len(w)} requests at {args.rate}/s; timing: {args.timing}; perf model: {family} "
+          f"(profile held-out MAPE {report['holdout_mape_pct']:.1f}%, measurement noise floor "
+          f"{res['noise_floor_mape']:.1f}% across passes, back to back "
+          + ", ".join(f"{k} {v:.1f}%" for k, v in noise.items()) + ")")
+    cols = ["iteration_mape", "iteration_bias", "ttft_median_rel_err", "ttft_p90_rel_err", "tpot_median_rel_err",
+            "tpot_p90_rel_err", "ttlt_median_rel_err", "ttlt_p90_rel_err", "attainment_live", "attainment_sim",
+            "iterations_live",
             "iterations_sim", "first_divergent_batch", "makespan_live_s", "makespan_sim_s"]
     table = pd.DataFrame({k: res["per_policy"][k] for k in per}).loc[cols]
     print(table.to_string(float_format=lambda v: f"{v:.3f}"))

@@ -150,8 +150,9 @@ def repeat_noise(engine: VLLMEngine, n: int = 100, batch: int = 16, context: int
     ``|t / median - 1|`` in % of the engine's iteration time (its ``timing``). No perf model can have a smaller
     per-iteration error than this on the same machine at the same moment."""
     cfg = engine.config
-    if n < 1 or context + 2 * n + 4 > cfg.max_model_len or batch * (context + 2 * n + 4) + 2 * chunk > \
-            cfg.num_blocks * cfg.block_size or batch + 1 > cfg.max_num_seqs or batch + chunk > cfg.max_num_batched_tokens:
+    need = context + 2 * n + 4  # tokens each decoding request reaches
+    if (n < 1 or need > cfg.max_model_len or batch * need + 2 * chunk > cfg.num_blocks * cfg.block_size
+            or batch + 1 > cfg.max_num_seqs or batch + chunk > cfg.max_num_batched_tokens):
         raise ValueError(f"repeat_noise(n={n}, batch={batch}, context={context}, chunk={chunk}) does not fit the "
                          f"engine (max_model_len={cfg.max_model_len}, KV {cfg.num_blocks}x{cfg.block_size}, "
                          f"max_num_seqs={cfg.max_num_seqs}, max_num_batched_tokens={cfg.max_num_batched_tokens})")
@@ -192,8 +193,8 @@ def profile(engine: VLLMEngine, grid: ProfileGrid | None = None, repeats: int = 
     Returns the records: BatchFeatures columns, ``time_s``, ``kind`` and ``pass``. The grid is swept ``repeats``
     times (passes), each pass in its own seeded random order, and each visit measures one iteration after
     ``warmup`` unmeasured ones of the same composition (``measure`` > 1: the median time of that many
-    back-to-back measured iterations, odd, with the middle one's features); repeats of one batch are therefore minutes apart, so a
-    shared machine's load phases spread over all compositions instead of lining up with some (use
+    back-to-back measured iterations, odd, with the middle one's features); repeats of one batch are therefore
+    minutes apart, so a shared machine's load phases spread over all compositions instead of lining up with some (use
     :func:`aggregate` for one median row per composition). Each visit starts from an empty engine; its setup
     iterations (prefilling a decode batch's context) are not recorded. ``warm`` first runs :func:`warm_shapes`."""
     cfg = engine.config

@@ -286,8 +286,8 @@ class Worker:
         reqs = self.sched.requests
         state = {r: (reqs[self.ids[r]].num_computed_tokens, reqs[self.ids[r]].num_tokens)
                  for r, *_ in plan if r in self.ids}
-        return {"ok": True, "time_s": dt, "cpu_s": cpu, "speed": speed, "ref_s": ref, "finished": finished, "state": state,
-                "executed": executed,
+        return {"ok": True, "time_s": dt, "cpu_s": cpu, "speed": speed, "ref_s": ref, "finished": finished,
+                "state": state, "executed": executed,
                 "free_blocks": self.sched.kv_cache_manager.block_pool.get_num_free_blocks()}
 
 
