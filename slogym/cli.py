@@ -396,7 +396,7 @@ def cmd_profile_run(args: argparse.Namespace) -> int:
     try:
         with VLLMEngine(cfg) as engine:
             df = profile(engine, grid, repeats=args.repeats, warmup=args.warmup, progress=say,
-                         warm=args.warm_shapes)
+                         warm=args.warm_shapes, measure=args.measure)
     except EngineError as e:
         print(f"{PROG}: engine error: {e}", file=sys.stderr)
         return 1
@@ -574,9 +574,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--warm-shapes", action="store_true",
                    help="first run one batch of every token count up to --max-num-batched-tokens (vLLM's CPU path "
                         "pays a one-time cost per new batch shape)")
-    r.add_argument("--timing", choices=["wall", "cpu"], default="wall",
-                   help="record the wall time of each engine step, or its CPU time (single-threaded engine on a "
-                        "shared machine: the time without the OS running other work); default wall")
+    r.add_argument("--timing", choices=["wall", "cpu", "norm"], default="wall",
+                   help="record the wall time of each engine step, its CPU time (single-threaded engine on a "
+                        "shared machine: the time without the OS running other work), or that CPU time scaled to "
+                        "the machine's quiet speed by a reference computation timed around each step (norm, the "
+                        "most stable on a loaded machine); default wall")
+    r.add_argument("--measure", type=_bounded(int, 1), default=1, metavar="K",
+                   help="record the median of K back-to-back iterations per visit of a composition; default 1")
     r.add_argument("--step-timeout", type=_bounded(float, 0.0, strict=True), default=60.0, metavar="S",
                    help="seconds before a hung engine step is an error; default 60")
     r.add_argument("--json", action="store_true", help="print a JSON report")
