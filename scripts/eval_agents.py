@@ -6,7 +6,11 @@
 Every contender runs through the plain ``Simulator`` on the same ``split="test"`` windows (those
 ``env.reset(seed=s)`` plays, never seen in training) with the environment's engine and cluster; the decisions
 the agent does not make are taken by the same baseline for every contender. Prints a Markdown table per agent:
-mean (std) episode reward in the env's reward, SLO attainment and goodput (SLO-meeting requests/s).
+mean (std) episode reward in the env's reward, SLO attainment and goodput (SLO-meeting requests/s), and each
+contender's wins-losses-ties against the naive baseline, paired by window on the episode reward.
+Routing agents are also compared with PolyServe's co-located policy (``polyserve-co``): a whole policy with its
+own tiered scheduler, token budget and admission, not only a router (its router reads state that its own
+scheduler maintains, so it cannot be paired with the env's scheduler).
 """
 
 from __future__ import annotations
@@ -16,11 +20,12 @@ import sys
 from typing import Any, Callable
 
 import gymnasium as gym
+import numpy as np
 import torch
 
 import slogym  # noqa: F401  (registers the environments)
 from slogym.agents import available, env_policy, load, read_metadata, uniform_actor
-from slogym.agents.evaluation import evaluate, windows
+from slogym.agents.evaluation import run_window, windows
 from slogym.baselines import make_policy
 from slogym.core.policy import Policy
 
@@ -36,8 +41,17 @@ def baselines(env: Any) -> list[Contender]:
     base = env.policy_name
     if type(env).__name__ == "AdmissionEnv":
         return [("admit-all (naive; every baseline router)", lambda e, i: make_policy(base, e.engine))]
-    return [(f"{r}{' (naive)' if r == 'round-robin' else ''}",
-             lambda e, i, r=r: make_policy(base, e.engine, router=r)) for r in ("round-robin", "least-load")]
+    routers: list[Contender] = [(f"{r}{' (naive)' if r == 'round-robin' else ''}",
+                                 lambda e, i, r=r: make_policy(base, e.engine, router=r))
+                                for r in ("round-robin", "least-load")]
+    return routers + [("polyserve-co (paper policy: its own scheduler and admission)",
+                       lambda e, i: make_policy("polyserve-co", e.engine))]
+
+
+def paired(rows: list[dict[str, float]], naive: list[dict[str, float]]) -> str:
+    """Wins-losses-ties of ``rows`` against the naive baseline's, window by window, on the episode reward."""
+    d = np.array([r["reward"] for r in rows]) - np.array([r["reward"] for r in naive])
+    return f"{int((d > 0).sum())}-{int((d < 0).sum())}-{int((d == 0).sum())}"
 
 
 def table(name: str, seeds: list[int]) -> str:
@@ -53,12 +67,14 @@ def table(name: str, seeds: list[int]) -> str:
         ("random (uniform valid actions)", lambda e, i: env_policy("random", rand_env, uniform_actor(rand_env, i))),
         *baselines(env),
     ]
-    lines = [header, "", f"| policy | episode reward ({env.reward_name}) | attainment | goodput (req/s) |",
-             "|---|---|---|---|"]
-    for label, make in contenders:
-        r = evaluate(lambda i: make(env, i), env, wins)
-        lines.append(f"| {label} | {r['reward']:.3f} ({r['reward_std']:.3f}) | {r['attainment']:.3f} "
-                     f"({r['attainment_std']:.3f}) | {r['goodput']:.3f} ({r['goodput_std']:.3f}) |")
+    runs = {label: [run_window(make(env, i), win, env) for i, win in enumerate(wins)] for label, make in contenders}
+    naive = next(rows for label, rows in runs.items() if "(naive" in label)
+    lines = [header, "", f"| policy | episode reward ({env.reward_name}) | attainment | goodput (req/s) | "
+             "vs naive (W-L-T) |", "|---|---|---|---|---|"]
+    for label, rows in runs.items():
+        cells = [f"{np.mean(v):.3f} ({np.std(v):.3f})" for v in
+                 ([r[k] for r in rows] for k in ("reward", "attainment", "goodput"))]
+        lines.append(f"| {label} | {' | '.join(cells)} | {paired(rows, naive)} |")
         print(lines[-1], file=sys.stderr, flush=True)
     return "\n".join(lines)
 

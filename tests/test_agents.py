@@ -138,12 +138,12 @@ def test_round_robin_is_expressible_through_placed_since() -> None:
 
 def test_available_and_unknown() -> None:
     names = agents.available()
-    assert {"admission-coder", "routing-coder-4x", "batching-coder"} <= set(names)
+    assert {"admission-coder", "routing-coder-4x", "routing-tiers-4x", "batching-coder"} <= set(names)
     with pytest.raises(ValueError, match="available: .*admission-coder"):
         agents.load("no-such-agent")
 
 
-@pytest.mark.parametrize("name", ["admission-coder", "routing-coder-4x", "batching-coder"])
+@pytest.mark.parametrize("name", ["admission-coder", "routing-coder-4x", "routing-tiers-4x", "batching-coder"])
 def test_shipped_agent_runs_on_a_test_window(name: str) -> None:
     meta = agents.read_metadata(name)
     env, wins = windows(meta["env_id"], meta["env_kwargs"] | {"split": "test", "episode": 48}, [0])
