@@ -28,7 +28,8 @@ DISTS = dict(_dists())
 
 def test_registry_names():
     assert list_scenarios() == ["chatbot", "coder", "summarizer", "mixed", "toolllm", "reasoning",
-                                "polyserve-tiers", "hyperflexis-4task", "hyperflexis-2task", "tempo-mix", "sa-mix"]
+                                "polyserve-tiers", "hyperflexis-4task", "hyperflexis-2task", "tempo-mix", "sa-mix",
+                                "tempo-mix-lc", "tempo-mix-bursty", "tempo-mix-lc-bursty"]
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
