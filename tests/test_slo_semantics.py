@@ -80,21 +80,27 @@ def test_modes_disagree_where_they_should():
 
 
 def test_service_gain_alpha_one_and_infinity():
+    """Tempo Eq. 3: output token k is due on the deadline line D_k = ready + ttft + k * tpot; on or ahead of it
+    it earns w_o, behind it w_o f(D_k - ready, t_k - ready) (expected vs actual output progression, §3.1)."""
     ttft_slo, tpot = 0.1, 0.02
     reqs = [Request(0.0, [prefill(100, ttft_slo), decode(5, tpot)])]
     f = ttft_slo / 0.11  # divisive decay of the late first token
+    f1 = (ttft_slo + tpot) / T_CHAT[1]  # token 1 at 0.121 lags its line 0.12; tokens 2-4 are ahead of theirs
     _, r1 = run(reqs, sg_weights=(1.0, 2.0), sg_alpha=1.0)
-    # w_i L_i f(TTFT) + w_o [f(TTFT) for the token the prefill emits + sum_k min(1, tpot / gap_k)]
-    assert r1.records["service_gain"][0] == approx(100 * f + 2 * (f + 4 * min(1.0, tpot / DEC)))
+    assert r1.records["service_gain"][0] == approx(100 * f + 2 * (f + f1 + 3))
     _, r2 = run(reqs, sg_weights=(1.0, 2.0), sg_alpha=2.0)
-    assert r2.records["service_gain"][0] == approx(100 * f ** 2 + 2 * (f ** 2 + 4))
-    _, rinf = run(reqs, sg_weights=(1.0, 2.0), sg_alpha=math.inf)  # goodput-like: a miss earns nothing
-    assert rinf.records["service_gain"][0] == approx(2 * 4)
+    assert r2.records["service_gain"][0] == approx(100 * f ** 2 + 2 * (f ** 2 + f1 ** 2 + 3))
+    _, rinf = run(reqs, sg_weights=(1.0, 2.0), sg_alpha=math.inf)  # goodput-like: a late token earns nothing
+    assert rinf.records["service_gain"][0] == approx(2 * 3)
     _, ok = run([Request(0.0, [prefill(100, 0.2), decode(5, tpot)])], sg_alpha=math.inf)
     assert ok.records["service_gain"][0] == approx(100 + 2 * 5)
-    # TBT violations decay per token: tpot 0.0055 = half the gap
-    _, half = run([Request(0.0, [prefill(100, 0.2), decode(5, 0.0055)])], sg_alpha=1.0)
-    assert half.records["service_gain"][0] == approx(100 + 2 * (1 + 4 * 0.5))
+    # gaps of 0.011 > tpot 0.0055, but every token is ahead of its line 0.2 + 0.0055 k: no decay
+    _, ahead = run([Request(0.0, [prefill(100, 0.2), decode(5, 0.0055)])], sg_alpha=1.0)
+    assert ahead.records["service_gain"][0] == approx(100 + 2 * 5)
+    # every token behind its line 0.1 + 0.005 k: each decays by its own progression
+    _, lag = run([Request(0.0, [prefill(100, 0.1), decode(5, 0.005)])], sg_alpha=1.0)
+    assert lag.records["service_gain"][0] == approx(100 * f + 2 * sum((0.1 + 0.005 * k) / t
+                                                                        for k, t in enumerate(T_CHAT)))
     # a TTLT request: (w_i L_i + w_o L_o) f(TTLT)
     _, tl = run([Request(0.0, [prefill(100), decode(5)], ttlt=0.077)], sg_alpha=1.0)
     assert tl.records["service_gain"][0] == approx((100 + 2 * 5) * 0.077 / T_CHAT[-1])

@@ -26,11 +26,6 @@ from slogym.workloads.qrf import QRFConfig, QRFLengthPredictor, request_features
 from slogym.workloads.scenarios import make_workload  # noqa: E402
 
 ENGINE = get_engine("llama3-8b-h100")
-LINE_READING = pytest.mark.xfail(
-    strict=True, reason="core/kernels.py still scores Eq. 3 per inter-token gap; the deadline-line reading "
-                        "(docs/baselines/tempo.md, 'Service gain') needs the core change described there")
-
-
 @pytest.fixture(autouse=True)
 def _cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLOGYM_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
@@ -67,7 +62,6 @@ def test_service_gain_of_ttlt_requests_reduces_to_goodput_as_alpha_grows(goodput
     np.testing.assert_allclose(d["service_gain"].to_numpy(), np.where(met, _full_gain(d), 0.0))
 
 
-@LINE_READING
 def test_service_gain_of_latency_sensitive_requests_reduces_to_dslo_goodput(goodput_run: pd.DataFrame) -> None:
     # Eq. 3 with alpha -> inf: full gain exactly when TTFT and every token's deadline line are met (dslo)
     d = goodput_run[~np.isfinite(goodput_run["ttlt_slo"])]
@@ -77,7 +71,6 @@ def test_service_gain_of_latency_sensitive_requests_reduces_to_dslo_goodput(good
     np.testing.assert_array_equal(full, met)
 
 
-@LINE_READING
 def test_service_gain_penalizes_every_token_while_behind_the_line() -> None:
     """§3.1: "If the request is paused or lags behind, such that the actual number of generated tokens falls
     short of the expected length, the service gain of subsequent tokens during that interval is penalized."

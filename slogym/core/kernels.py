@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, vectorize
 
-from slogym.core.state import (F_DL, F_DSLO, F_FINAL, F_GAP, F_LAST, F_SG, F_TPOT, F_TSLACK, I_COMP, I_GEN,
+from slogym.core.state import (F_DL, F_DSLO, F_FINAL, F_GAP, F_LAST, F_REF, F_SG, F_TPOT, F_TSLACK, I_COMP, I_GEN,
                                I_GEN_STAGE, I_KV, I_NC, I_NT, I_SLEN, I_SLOT)
 
 _JIT = dict(cache=True, nogil=True, error_model="numpy")  # numpy error model: x/0 gives inf, as in NumPy
@@ -58,7 +58,8 @@ def _emit_one(F: np.ndarray, I: np.ndarray, r: int, t: float, alpha: float) -> b
     F[r, F_FINAL] = dl
     F[r, F_GAP] = _fmax(F[r, F_GAP], gap)
     F[r, F_TSLACK] = _fmin(F[r, F_TSLACK], tp - gap)
-    F[r, F_SG] += decay(tp / gap, alpha)
+    ref = F[r, F_REF]  # Tempo Eq. 3: progress against the deadline line, f = 1 on or ahead of it
+    F[r, F_SG] += decay((dl - ref) / (t - ref), alpha)
     F[r, F_LAST] = t
     I[r, I_GEN_STAGE] += 1
     I[r, I_GEN] += 1
@@ -433,6 +434,7 @@ def end_prefill(F: np.ndarray, I: np.ndarray, r: int, t: float, stage: np.ndarra
     I[r, I_SLEN] = n
     F[r, F_TPOT] = _pymin(stage_tpot[nxt], no_tpot)
     F[r, F_DL] = due
+    F[r, F_REF] = ready[r]
     stage_t0[r] = t
     F[r, F_DSLO] = _pymin(F[r, F_DSLO], due - t)
     F[r, F_FINAL] = due

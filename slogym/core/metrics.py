@@ -18,9 +18,8 @@ SLO_TBT represent the actual and expected output progression ... If the request 
 that the actual number of generated tokens falls short of the expected length, the service gain of subsequent
 tokens during that interval is penalized" -- every token behind the deadline line ``D_k = t_ref + ttft + k
 tpot`` (the expected delivery timeline of Andes [65], which §3.1 follows) decays by
-``f(D_k - t_ref, t_k - t_ref)``; a token on or ahead of it earns ``w_o``. Deviation until the core change of
-docs/baselines/tempo.md ("Service gain") lands: the kernels score each inter-token gap, ``f(tpot, gap_k)``,
-which penalizes a pause in one token only and a slow gap even ahead of the line.
+``f(D_k - t_ref, t_k - t_ref)``; a token on or ahead of it earns ``w_o`` (``kernels._emit_one``, with
+``t_ref`` the ready time of the prefill that opened the decode stages, ``RequestState.line_ref``).
 The SA objective (SA paper Eq. 2) is attainment divided by the mean end-to-end latency of served requests.
 Cost: ``cost_instance_seconds`` sums every instance's life, cold start included (HyperFlexis' cost unit, §3
 Eq. 3 and §8: cumulative instance time); ``cost_per_request`` divides it by the served requests (finished or

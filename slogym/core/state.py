@@ -47,13 +47,14 @@ F_COLS: tuple[tuple[str, float], ...] = (
     ("dslo_slack", np.inf),     # min over tokens of (deadline - t)
     ("max_gap", 0.0),           # max time between tokens (all decode stages)
     ("tpot_slack", np.inf),     # min over gaps of (tpot - gap)
-    ("sg_out", 0.0),            # sum over output tokens of f(SLO_TBT, TBT) (Tempo Eq. 3)
+    ("sg_out", 0.0),            # sum over output tokens of f(D_k - t_ref, t_k - t_ref) (Tempo Eq. 3)
     ("final_deadline", np.inf),  # deadline of the last output token emitted
+    ("line_ref", np.nan),       # t_ref of the current decode stage's deadline line (Tempo Eq. 3)
 )
 I_COLS: tuple[str, ...] = (
     "num_tokens", "num_computed", "gen_in_stage", "generated", "kv_blocks", "computed_total", "stage_len", "slot",
 )
-F_TPOT, F_DL, F_LAST, F_DSLO, F_GAP, F_TSLACK, F_SG, F_FINAL = range(len(F_COLS))
+F_TPOT, F_DL, F_LAST, F_DSLO, F_GAP, F_TSLACK, F_SG, F_FINAL, F_REF = range(len(F_COLS))
 I_NT, I_NC, I_GEN_STAGE, I_GEN, I_KV, I_COMP, I_SLEN, I_SLOT = range(len(I_COLS))
 
 
