@@ -509,6 +509,10 @@ class Simulator:
     def _apply_side_actions(self, inst: Instance, batch: Batch, t: float) -> _Gen:
         for r in batch.preempt:
             self._preempt(inst, int(r), t)
+        if batch.preempt:
+            # once for all victims: they hold no KV, so one stable partition after prepending them all equals
+            # one after each
+            self._kv_holders_first(inst)
         for r in batch.demote:
             self.rs.be[int(r)] = True
         for r in batch.drop:
@@ -888,8 +892,7 @@ class Simulator:
         self._release(r)
         rs.status[r] = _WAITING
         rs.slot[r] = inst.id
-        inst.waiting.insert(0, r)
-        self._kv_holders_first(inst)
+        inst.waiting.insert(0, r)  # the caller then moves KV holders ahead (_kv_holders_first)
         self.on_request_placed(r, inst)
 
     def _kv_holders_first(self, inst: Instance) -> None:
