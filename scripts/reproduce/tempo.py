@@ -132,8 +132,8 @@ Where slogym differs from the paper, and why:
 * Service gain ratios stay below goodput ratios: collectives carry about 4/5 of all gain (Table 2: 4458 output
   tokens per collective vs 318 per single request) and the alpha = 1 divisive decay is soft (a collective done
   at 1.5x its deadline keeps 2/3 of its gain), so only long lateness moves the total.
-* Latency-sensitive output tokens are scored per inter-token gap by the simulator (core/kernels.py); §3.1 reads
-  as progress against the deadline line (docs/baselines/tempo.md); that change is pending in core.
+* Latency-sensitive output tokens are scored by their progress against the deadline line (§3.1, "expected
+  output progression"; core/kernels.py, docs/baselines/tempo.md), so a pause decays every late token after it.
 * Bursty settings: the ``code`` fingerprint's rate is a long-run mean with multi-minute silences and busy
   periods, so a 180 s window realizes its own rate ("realized" above): seed 0 opens in a busy period, about
   2x the nominal rate at 1.0x and 1.4x at 1.5x, so both bursty settings are deep overload.
