@@ -23,17 +23,23 @@ NO_HOST = 1 << 20  # host rank of a label that may not host a tier (``Fleet.host
 
 # ============================================================================ profile table (§4.5)
 @njit(**_JIT)
-def _cell(grid: np.ndarray, x: float) -> int:
-    """Index ``i`` of the grid cell holding ``x``: ``searchsorted(grid, x, 'right') - 1`` clipped to
-    ``0..size-2`` (flat below the grid, the edge cell's slope above it)."""
+def _first_above(grid: np.ndarray, x: float) -> int:
+    """``searchsorted(grid, x, 'right')``: the first index whose grid value exceeds ``x``."""
     lo, hi = 0, grid.size
-    while lo < hi:  # first index with grid[index] > x
+    while lo < hi:
         mid = (lo + hi) >> 1
         if grid[mid] <= x:
             lo = mid + 1
         else:
             hi = mid
-    i = lo - 1
+    return lo
+
+
+@njit(**_JIT)
+def _cell(grid: np.ndarray, x: float) -> int:
+    """Index ``i`` of the grid cell holding ``x``: ``searchsorted(grid, x, 'right') - 1`` clipped to
+    ``0..size-2`` (flat below the grid, the edge cell's slope above it)."""
+    i = _first_above(grid, x) - 1
     if i > grid.size - 2:
         i = grid.size - 2
     return i if i > 0 else 0
@@ -64,14 +70,7 @@ def interp(x: float, xp: np.ndarray, fp: np.ndarray) -> float:
         return fp[0]
     if x >= xp[n - 1]:
         return fp[n - 1]
-    lo, hi = 0, n
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if xp[mid] <= x:
-            lo = mid + 1
-        else:
-            hi = mid
-    j = lo - 1
+    j = _first_above(xp, x) - 1
     if xp[j] == x:
         return fp[j]
     slope = (fp[j + 1] - fp[j]) / (xp[j + 1] - xp[j])
