@@ -11,9 +11,9 @@ import pytest
 
 from slogym.core.batch import BatchFeatures
 from slogym.engines.base import perf_model_from_dict
-from slogym.engines.fitting import fit_perf_model, fit_profile, load_records
+from slogym.engines.fitting import AUTO_FAMILIES, fit_best, fit_perf_model, fit_profile, load_records
 from slogym.engines.perf_models import (GPU_SPECS, MODEL_CONFIGS, AnalyticPerf, LinearInteractionPerf,
-                                        QuadraticPerf, RooflinePerf, TablePerf)
+                                        PhaseQuadraticPerf, QuadraticPerf, RooflinePerf, TablePerf)
 from slogym.engines.registry import get_engine, list_engines
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -34,6 +34,26 @@ def random_batches(n: int, seed: int = 0) -> BatchFeatures:
     return BatchFeatures.build(prefill_tokens=ps * chunk, prefill_seqs=ps, prefill_attn=ps * chunk * (past + chunk),
                                prefill_sq=ps * chunk * chunk, decode_seqs=ds, decode_tokens=ds, decode_ctx=ctx,
                                kv_tokens=ps * (past + chunk) + ctx + ds, spec_steps=rng.integers(0, 4, n))
+
+
+def phase_batches(n: int, seed: int = 0) -> BatchFeatures:
+    """A third of the batches prefill-only, a third decode-only, a third mixed (every phase intercept is
+    identifiable); 1-4 prefill sequences of a shared chunk length after a shared KV prefix (0-511 tokens, so
+    ``prefill_attn`` is not a combination of ``prefill_sq`` and ``prefill_tokens``)."""
+    rng = np.random.default_rng(seed)
+    kind = np.arange(n) % 3  # 0 prefill-only, 1 decode-only, 2 mixed
+    ps = np.where(kind == 1, 0, rng.integers(1, 5, n))
+    chunk = rng.integers(1, 700, n)
+    ds = np.where(kind == 0, 0, rng.integers(1, 64, n))
+    ctx = ds * rng.integers(16, 2048, n)
+    past = rng.integers(0, 512, n)
+    return BatchFeatures.build(prefill_tokens=ps * chunk, prefill_seqs=ps, prefill_attn=ps * chunk * (chunk + past),
+                               prefill_sq=ps * chunk * chunk, decode_seqs=ds, decode_tokens=ds, decode_ctx=ctx,
+                               kv_tokens=ps * (chunk + past) + ctx + ds)
+
+
+PHASE_COEFS = dict(c0=0.004, c_prefill_0=0.0012, c_decode_0=0.0005, c_prefill_seq=3e-4, c_prefill_tok=6e-6,
+                   c_prefill_sq=1e-10, c_prefill_attn=2e-10, c_decode_tok=4e-5, c_decode_ctx=3e-8)
 
 
 def records_of(model, f: BatchFeatures) -> pd.DataFrame:
@@ -66,6 +86,63 @@ def test_linear_families_recover_coefficients(cls, coefs):
     for k, v in coefs.items():
         assert model.params()[k] == pytest.approx(v, rel=1e-4, abs=1e-12), k
     assert report["holdout_mape_pct"] < 1e-3 and report["n_rows"] == 400
+
+
+def test_phase_quadratic_recovers_coefficients_and_each_phase_intercept():
+    truth = PhaseQuadraticPerf(**PHASE_COEFS)
+    model, report = fit_perf_model(records_of(truth, phase_batches(600)), "phase-quadratic")
+    for k, v in PHASE_COEFS.items():
+        assert model.params()[k] == pytest.approx(v, rel=1e-4, abs=1e-12), k
+    assert report["holdout_mape_pct"] < 1e-3
+    # intercepts by batch kind: prefill-only c0 + c_prefill_0, decode-only c0 + c_decode_0, mixed all three
+    one = dict(prefill_tokens=[1, 0, 1], prefill_seqs=[1, 0, 1], decode_seqs=[0, 1, 1], decode_tokens=[0, 1, 1])
+    t = truth.batch_time(BatchFeatures.build(**one))
+    c = PHASE_COEFS
+    base = np.array([c["c0"] + c["c_prefill_0"] + c["c_prefill_seq"] + c["c_prefill_tok"],
+                     c["c0"] + c["c_decode_0"] + c["c_decode_tok"],
+                     c["c0"] + c["c_prefill_0"] + c["c_decode_0"] + c["c_prefill_seq"] + c["c_prefill_tok"]
+                     + c["c_decode_tok"]])
+    np.testing.assert_allclose(t, base, rtol=1e-12)
+    assert truth.batch_time(BatchFeatures.build(prefill_tokens=0))[0] == 0.0
+
+
+def test_phase_quadratic_scalar_and_vector_paths_agree_bitwise():
+    """The simulator times one batch through Python ints (``batch_time_one``), fast-forward through arrays."""
+    truth = PhaseQuadraticPerf(**PHASE_COEFS)
+    for f in (phase_batches(300, seed=5), random_batches(300, seed=6)):
+        t = truth.batch_time(f)
+        one = [truth.batch_time_one(BatchFeatures(*(int(a[i]) for a in f))) for i in range(len(t))]
+        assert t.dtype == np.float64 and all(isinstance(v, float) for v in one)
+        assert np.array_equal(np.array(one), t)
+        alone = np.concatenate([truth.batch_time(BatchFeatures(*(a[i:i + 1] for a in f))) for i in range(0, 300, 7)])
+        assert np.array_equal(alone, t[::7])
+    again = perf_model_from_dict(json.loads(json.dumps(truth.to_dict())))
+    assert np.array_equal(again.batch_time(f), t)
+
+
+def test_fit_best_picks_the_generating_family_by_holdout():
+    """Records from a phase-quadratic engine: the single-intercept quadratic cannot fit them exactly, so the
+    held-out MAPE picks phase-quadratic; records from a quadratic engine are fitted exactly by both (quadratic is
+    phase-quadratic with zero phase terms), and the pick is one of them with ~0 error."""
+    f = phase_batches(600, seed=1)
+    model, report = fit_best(records_of(PhaseQuadraticPerf(**PHASE_COEFS), f))
+    assert report["family"] == "phase-quadratic" and set(report["candidates"]) == set(AUTO_FAMILIES)
+    assert report["candidates"]["quadratic"] > 1.0 > report["holdout_mape_pct"]
+    quad = QuadraticPerf(c0=0.01, c_prefill_tok=5e-5, c_prefill_sq=0.0, c_prefill_attn=2e-9, c_decode_tok=1e-4,
+                         c_decode_ctx=4e-8)
+    model, report = fit_best(records_of(quad, f))
+    assert report["family"] in ("quadratic", "phase-quadratic") and report["holdout_mape_pct"] < 1e-3
+    with pytest.raises(ValueError, match="holdout"):
+        fit_best(records_of(quad, f), holdout=0.0)
+
+
+def test_fit_profile_auto_records_the_choice(tmp_path):
+    csv = tmp_path / "records.csv"
+    records_of(PhaseQuadraticPerf(**PHASE_COEFS), phase_batches(300)).to_csv(csv, index=False)
+    d = fit_profile(csv, "auto", kv_capacity_tokens=1000)
+    assert d["perf"]["family"] == "phase-quadratic" and "candidates" in d["provenance"]["fit"]
+    with pytest.raises(ValueError, match="auto"):
+        fit_profile(csv, "auto", kv_capacity_tokens=1000, pieces=3)
 
 
 def test_roofline_recovers_two_pieces():

@@ -19,6 +19,12 @@ from slogym.core.batch import BatchFeatures
 from slogym.engines.base import PERF_FAMILIES, EngineSpec, PerfModel
 from slogym.engines.perf_models import AnalyticPerf, LinearTermsPerf, RooflinePerf, TablePerf
 
+AUTO_FAMILIES = ("quadratic", "phase-quadratic", "linear-interaction")
+"""Families :func:`fit_best` chooses among by default: those that need no architecture (``analytic`` does) and
+whose features separate prefill from decode work in one batch. ``table`` (total x KV tokens) and ``roofline``
+(total tokens) give a prefill chunk and as many decode steps the same cost; on a live vLLM engine they won on
+the profile grid's held-out rows yet predicted mixed batches 13-31 % low (``docs/live_engine.md``)."""
+
 
 def load_records(records: pd.DataFrame | str | Path) -> pd.DataFrame:
     """Validated records: feature columns as int64 (missing = 0), ``time_s`` finite and positive."""
@@ -179,12 +185,31 @@ def fit_perf_model(records: pd.DataFrame | str | Path, family: str, holdout: flo
     return model, report
 
 
+def fit_best(records: pd.DataFrame | str | Path, families: tuple[str, ...] = AUTO_FAMILIES,
+             holdout: float = 0.2, seed: int = 0) -> tuple[PerfModel, dict[str, Any]]:
+    """Fit every family of ``families`` on the same holdout split and keep the one with the lowest held-out
+    MAPE; its report gains ``candidates`` (family -> held-out MAPE, in %)."""
+    if not families or holdout <= 0.0:
+        raise ValueError("fit_best needs at least one family and holdout > 0 (the held-out MAPE picks the family)")
+    df = load_records(records)
+    fits = {f: fit_perf_model(df, f, holdout=holdout, seed=seed) for f in families}
+    best = min(fits, key=lambda f: fits[f][1]["holdout_mape_pct"])
+    model, report = fits[best]
+    return model, report | {"candidates": {f: r["holdout_mape_pct"] for f, (_, r) in fits.items()}}
+
+
 def fit_profile(csv_path: str | Path, family: str, engine_name: str = "custom", model: str = "unknown",
                 gpu: str = "unknown", tp: int = 1, kv_capacity_tokens: int = 0, kv_bytes_per_token: int = 0,
                 holdout: float = 0.2, seed: int = 0, **options: Any) -> dict[str, Any]:
     """Fit ``family`` to the records in ``csv_path`` and return a preset dict (``EngineSpec.to_dict()`` format)
-    whose provenance names the file and the held-out MAPE. Backs ``slogym profile fit``."""
-    perf, report = fit_perf_model(csv_path, family, holdout=holdout, seed=seed, **options)
+    whose provenance names the file and the held-out MAPE. ``family="auto"``: the best of
+    :data:`AUTO_FAMILIES` by held-out MAPE (:func:`fit_best`). Backs ``slogym profile fit``."""
+    if family == "auto":
+        if options:
+            raise ValueError(f"family 'auto' takes no family options, got {sorted(options)}")
+        perf, report = fit_best(csv_path, holdout=holdout, seed=seed)
+    else:
+        perf, report = fit_perf_model(csv_path, family, holdout=holdout, seed=seed, **options)
     spec = EngineSpec(name=engine_name, model=model, gpu=gpu, tp=tp, perf=perf,
                       kv_capacity_tokens=int(kv_capacity_tokens), kv_bytes_per_token=int(kv_bytes_per_token),
                       provenance={"profile": str(csv_path), "fit": report})
