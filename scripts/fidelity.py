@@ -44,7 +44,7 @@ from slogym.baselines import make_policy
 from slogym.core.request import Request, Workload, decode, prefill
 from slogym.core.simulator import Simulator
 from slogym.engines.base import EngineSpec
-from slogym.engines.fitting import features_of, fit_perf_model
+from slogym.engines.fitting import AUTO_FAMILIES, features_of, fit_best, fit_perf_model
 from slogym.core.batch import BatchFeatures
 from slogym.core.instance import Instance
 from slogym.engines.live import EngineConfig, LiveSimulator, VLLMEngine, live_spec, make_tiny_model
@@ -53,27 +53,26 @@ from slogym.engines.profiler import ProfileGrid, aggregate, profile, repeat_nois
 
 ROOT = Path(__file__).resolve().parents[1]
 AZURE = ROOT.parent / "shared" / "traces" / "azure_conv_2023.csv.gz"
-FAMILIES = ("quadratic", "linear-interaction", "roofline", "table")
-# Families picked among by default: those whose features separate prefill and decode work in one batch. `table`
-# (total tokens x KV tokens) and `roofline` (total tokens) give a prefill chunk and the same number of decode
-# steps the same cost, so on mixed batches away from the profile grid they predicted 13-31 % too little on the
-# live engine while winning on the grid's held-out rows (6-7 %); they stay available through --family.
-AUTO_FAMILIES = ("quadratic", "linear-interaction")
+FAMILIES = ("phase-quadratic", "quadratic", "linear-interaction", "roofline", "table")
 
 
 def trace_workload(n: int, rate: float, token_scale: float, max_prompt: int, max_out: int, ttft: float,
-                   tpot: float, seed: int) -> tuple[Workload, str]:
-    """``n`` requests of the Azure conversation trace (or a seeded synthetic chat mix), scaled to the tiny model."""
+                   tpot: float, seed: int, skip: int = 0) -> tuple[Workload, str]:
+    """Requests ``skip .. skip + n`` of the Azure conversation trace (or a seeded synthetic chat mix), scaled to
+    the tiny model, arrivals from 0."""
     if AZURE.exists():
         from slogym.workloads.readers import read_azure
 
-        tr = read_azure(AZURE, limit=n)
-        arrival, inp, out, src = tr.arrival, tr.input_tokens, tr.output_tokens, f"azure_conv_2023 first {n}"
+        tr = read_azure(AZURE, limit=skip + n)
+        arrival, inp, out = tr.arrival[skip:], tr.input_tokens[skip:], tr.output_tokens[skip:]
+        src = f"azure_conv_2023 requests {skip}-{skip + n - 1}"
     else:
         rng = np.random.default_rng(seed)
-        arrival = np.cumsum(rng.exponential(1.0, n)) - 1.0
-        inp, out = rng.lognormal(6.5, 1.0, n).astype(int) + 1, rng.lognormal(5.0, 0.8, n).astype(int) + 1
-        src = f"synthetic chat (seed {seed}; {AZURE} not found)"
+        m = skip + n
+        arrival = (np.cumsum(rng.exponential(1.0, m)) - 1.0)[skip:]
+        inp = (rng.lognormal(6.5, 1.0, m).astype(int) + 1)[skip:]
+        out = (rng.lognormal(5.0, 0.8, m).astype(int) + 1)[skip:]
+        src = f"synthetic chat (seed {seed}, requests {skip}-{m - 1}; {AZURE} not found)"
     span = float(arrival[-1] - arrival[0]) or 1.0
     t = (arrival - arrival[0]) * ((n - 1) / rate / span)  # same shape of gaps, mean rate `rate`
     p = np.clip(np.round(inp / token_scale), 4, max_prompt).astype(int)
@@ -85,9 +84,19 @@ def trace_workload(n: int, rate: float, token_scale: float, max_prompt: int, max
 def noise_floor(df: pd.DataFrame) -> float:
     """Mean |t / median - 1| (%) over repeats of the same batch (different passes, i.e. different moments): the
     per-iteration error no perf model can beat on this machine."""
-    key = [c for c in df.columns if c not in ("time_s", "pass")]
+    key = ["kind", *BatchFeatures._fields]
     med = df.groupby(key)["time_s"].transform("median")
     return float(np.mean(np.abs(df["time_s"] / med - 1.0)) * 100.0)
+
+
+def live_noise(iterations: list[pd.DataFrame], min_repeats: int = 5) -> float:
+    """Mean |t / median - 1| (%) over live iterations whose batch (all features) occurred at least
+    ``min_repeats`` times in the replays: the noise floor measured on the evaluated runs themselves."""
+    it = pd.concat(iterations, ignore_index=True)
+    g = it.groupby(list(BatchFeatures._fields))["time_s"]
+    keep = (g.transform("size") >= min_repeats).to_numpy()
+    t, med = it["time_s"].to_numpy()[keep], g.transform("median").to_numpy()[keep]
+    return float(np.mean(np.abs(t / med - 1.0)) * 100.0) if keep.any() else float("nan")
 
 
 class _Batches:
@@ -127,15 +136,13 @@ def schedule_agreement(live: list[tuple[tuple[int, int], ...]], sim: list[tuple[
     return {"first_divergent_batch": first, f"identical_batches_first_{head}": same}
 
 
-def fit_best(records: pd.DataFrame, family: str | None,
-             seed: int) -> tuple[str, Any, dict[str, Any], dict[str, tuple[Any, dict[str, Any]]]]:
-    """Fit every family of :data:`AUTO_FAMILIES` (or ``family``) to the per-composition medians of ``records``
-    (robust to load bursts on a shared machine); returns the one with the lowest held-out MAPE: family, model,
-    its report, all fits."""
-    med = aggregate(records)
-    fits = {f: fit_perf_model(med, f, seed=seed) for f in ([family] if family else AUTO_FAMILIES)}
-    best = min(fits, key=lambda f: fits[f][1]["holdout_mape_pct"])
-    return best, fits[best][0], fits[best][1], fits
+def fit_profile_medians(records: pd.DataFrame, family: str | None, seed: int,
+                        served: pd.DataFrame | None = None) -> tuple[Any, dict[str, Any]]:
+    """Fit ``family`` -- or the best of :data:`AUTO_FAMILIES` by held-out MAPE -- to the per-composition medians
+    of ``records`` (robust to load bursts on a shared machine) plus the ``served`` rows (calibration replays,
+    :func:`served_records`); the report has ``candidates`` when chosen."""
+    med = aggregate(records) if served is None else pd.concat([aggregate(records), served], ignore_index=True)
+    return fit_perf_model(med, family, seed=seed) if family else fit_best(med, AUTO_FAMILIES, seed=seed)
 
 
 def profile_drift(pre: pd.DataFrame, post: pd.DataFrame) -> float | None:
@@ -154,11 +161,23 @@ def rel_err(sim: pd.Series, live: pd.Series) -> np.ndarray:
     return np.abs(sim[ok].to_numpy() / live[ok].to_numpy() - 1.0)
 
 
+def batch_kind(df: pd.DataFrame) -> np.ndarray:
+    """prefill (prefill-only), decode (decode-only) or mixed, per row of BatchFeatures columns."""
+    return np.where(df["prefill_tokens"] == 0, "decode", np.where(df["decode_seqs"] == 0, "prefill", "mixed"))
+
+
+def served_records(iterations: list[pd.DataFrame]) -> pd.DataFrame:
+    """Live iterations of calibration replays as fit records: one row per distinct batch (kind + features) with
+    its median time, like the profile's per-composition medians."""
+    it = pd.concat(iterations, ignore_index=True)
+    return aggregate(it[[*BatchFeatures._fields, "time_s"]].assign(kind=batch_kind(it)))
+
+
 def by_kind(it: pd.DataFrame, pred: np.ndarray) -> dict[str, dict[str, float]]:
     """Per batch kind (prefill-only, decode-only, mixed): share of live time, MAPE and bias (sum live / sum
     predicted - 1, %); bias is what accumulates into per-request latency, MAPE also holds the noise."""
     t = it["time_s"].to_numpy()
-    kind = np.where(it["prefill_tokens"] == 0, "decode", np.where(it["decode_seqs"] == 0, "prefill", "mixed"))
+    kind = batch_kind(it)
     out = {}
     for k in ("prefill", "decode", "mixed"):
         m = kind == k
@@ -234,6 +253,10 @@ def main(argv: list[str] | None = None) -> int:
                          "the default: shared machines; see EngineConfig)")
     ap.add_argument("--noise-repeats", type=int, default=100,
                     help="back-to-back repeats of one batch per kind for the noise floor (0: skip)")
+    ap.add_argument("--calibrate", type=int, default=300, metavar="N",
+                    help="also fit on the live iterations of each policy replaying the NEXT N requests of the trace "
+                         "(disjoint from the evaluated window); the profile-only fit is reported beside it as "
+                         "profile_only (0: profile only)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--save", metavar="DIR", help="write profile.csv, preset.json and the runs' records here")
     ap.add_argument("--json", action="store_true")
@@ -254,7 +277,15 @@ def main(argv: list[str] | None = None) -> int:
         pre = profile(engine, grid, repeats=args.repeats, warm=args.warm_shapes, seed=args.seed,
                       measure=args.measure)
         noise = repeat_noise(engine, args.noise_repeats) if args.noise_repeats > 0 else {}
-        plan_spec = live_spec(cfg, fit_best(pre, args.family, args.seed)[1])  # what planning policies see
+        plan_spec = live_spec(cfg, fit_profile_medians(pre, args.family, args.seed)[0])  # what planning policies see
+        calib = []
+        if args.calibrate > 0:
+            cw, csrc = trace_workload(args.calibrate, args.rate, args.token_scale, args.max_prompt, args.max_out,
+                                      args.ttft, args.tpot, args.seed, skip=args.requests)
+            for name in args.policies.split(","):
+                run = LiveSimulator(cw, engine, make_policy(name, engine=plan_spec), perf=plan_spec).run()
+                calib.append(run.iteration_records())
+                log(f"{name}: calibration replay ({csrc}) {len(calib[-1])} iterations")
         lives = {}
         for name in args.policies.split(","):
             lives[name] = RecordingLive(w, engine, make_policy(name, engine=plan_spec), perf=plan_spec).run()
@@ -263,14 +294,22 @@ def main(argv: list[str] | None = None) -> int:
                 if args.repeats_after > 0 else pre.iloc[:0].copy())
     post["pass"] += args.repeats
     prof = pd.concat([pre, post], ignore_index=True)
-    family, perf, report, fits = fit_best(prof, args.family, args.seed)
+    served = served_records(calib) if calib else None
+    perf, report = fit_profile_medians(prof, args.family, args.seed, served)
+    family = report["family"]
     spec = live_spec(cfg, perf)
+    perf0, report0 = fit_profile_medians(prof, args.family, args.seed) if calib else (perf, report)
+    spec0 = live_spec(cfg, perf0)
+    cands = report.get("candidates", {family: report["holdout_mape_pct"]})
     log(f"profiled {len(prof)} iterations; held-out MAPE by family: "
-        + ", ".join(f"{f} {r['holdout_mape_pct']:.1f}%" for f, (_, r) in fits.items()) + f"; using {family}")
+        + ", ".join(f"{f} {v:.1f}%" for f, v in cands.items()) + f"; using {family}")
     per: dict[str, dict[str, Any]] = {}
+    per0: dict[str, dict[str, Any]] = {}
     for name, live in lives.items():
         sim = RecordingSim(w, spec, make_policy(name, engine=plan_spec)).run()
         per[name] = compare(live, sim, spec)
+        if calib:
+            per0[name] = compare(live, RecordingSim(w, spec0, make_policy(name, engine=plan_spec)).run(), spec0)
         if args.save:
             out = Path(args.save)
             out.mkdir(parents=True, exist_ok=True)
@@ -281,13 +320,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.save:
         prof.to_csv(Path(args.save) / "profile.csv", index=False)
         (Path(args.save) / "preset.json").write_text(json.dumps(spec.to_dict(), indent=1, default=float) + "\n")
+        if served is not None:
+            served.to_csv(Path(args.save) / "served.csv", index=False)
     res = pooled(per) | {"family": family, "profile_rows": len(prof),
-                         "profile_holdout_mape": report["holdout_mape_pct"], "noise_floor_mape": noise_floor(prof),
+                         "profile_holdout_mape": report["holdout_mape_pct"], "holdout_by_family": cands,
+                         "noise_floor_mape": noise_floor(prof),
                          "noise_back_to_back": noise, "profile_drift_pct": profile_drift(pre, post),
+                         "noise_live_same_batch": live_noise([lv.iteration_records() for lv in lives.values()]),
                          "timing": args.timing, "rate": args.rate, "warm_shapes": args.warm_shapes, "workload": src,
-                         "requests": len(w),
+                         "requests": len(w), "calibration_requests": args.calibrate if calib else 0,
+                         "served_rows": 0 if served is None else len(served),
                          "per_policy": {k: {m: v for m, v in p.items() if not m.startswith("_")}
                                         for k, p in per.items()}}
+    if per0:
+        res["profile_only"] = pooled(per0) | {
+            "family": report0["family"], "profile_holdout_mape": report0["holdout_mape_pct"],
+            "per_policy": {k: {m: p[m] for m in ("iteration_mape", "iteration_bias", "by_kind", "ttft_median_rel_err",
+                                                 "tpot_median_rel_err", "ttlt_median_rel_err", "attainment_sim")}
+                           for k, p in per0.items()}}
     if args.json:
         print(json.dumps(res))
         return 0
@@ -304,6 +354,12 @@ def main(argv: list[str] | None = None) -> int:
     print("(errors in %; pooled over policies: " + ", ".join(f"{k} {res[k]:.1f}" for k in
                                                           ("iteration_mape", "ttft_median_rel_err",
                                                            "tpot_median_rel_err", "ttlt_median_rel_err")) + ")")
+    print(f"noise floor on the live replays (same batch, >= 5 times): {res['noise_live_same_batch']:.1f}%")
+    if per0:
+        p0 = res["profile_only"]
+        print(f"fitted on the profile only ({p0['family']}): " + ", ".join(
+            f"{k} {p0[k]:.1f}" for k in ("iteration_mape", "ttft_median_rel_err", "tpot_median_rel_err",
+                                         "ttlt_median_rel_err")))
     return 0
 
 

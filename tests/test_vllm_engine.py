@@ -248,6 +248,9 @@ def test_profile_fit_simulate(engine: VLLMEngine, tmp_path: Any) -> None:
     df = profile(engine, grid, repeats=2, warmup=1, measure=3)
     assert engine.abort([]) == engine.config.num_blocks
     assert len(df) == 2 * len(grid) and (df["time_s"] > 0).all()
+    # norm timing: each row's time is (up to the median over its measured steps) its raw CPU time x the factor
+    assert (df["cpu_s"] > 0).all() and (df["speed"] > 0).all()
+    assert np.allclose(df["time_s"], df["cpu_s"] * df["speed"], rtol=0.5)
     assert set(df["kind"]) == {"prefill", "decode", "mixed"}
     pre = df[df["kind"] == "prefill"]
     assert sorted(pre["prefill_tokens"]) == sorted(np.repeat([16, 128, 256, 512], 2))
@@ -286,10 +289,11 @@ def test_profile_visit_median_keeps_features_fixed() -> None:
     from slogym.engines.profiler import _median_step
 
     feats = [BatchFeatures.build(decode_seqs=2, decode_tokens=2, decode_ctx=c) for c in (40, 42, 44)]
-    t, f = _median_step(list(zip([3.0, 1.0, 2.5], feats)))
+    t, f, raw = _median_step(list(zip([3.0, 1.0, 2.5], feats)), [(1.0, 3.0), (0.5, 2.0), (2.0, 1.25)])
     # the median time, but the middle iteration's features (not the median iteration's): a composition measured
     # in several passes must aggregate into one row whatever its timing noise
     assert t == 2.5 and f is feats[1]
+    assert raw == {"cpu_s": 1.0, "speed": 2.0}  # per-column medians of the raw CPU time and norm factor
 
 
 def test_speed_reference_freezes_its_unit(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,7 +5,7 @@ sizes x context lengths), scaled to the engine's limits, plus mixed chunked-pref
 riding along a decode batch, the Sarathi/SLOs-Serve regime). Rows have the :class:`BatchFeatures` columns and
 ``time_s`` (the step's wall, CPU or normalized CPU time, per ``EngineConfig.timing``) -- exactly what
 :func:`slogym.engines.fitting.fit_perf_model` (``slogym profile fit``) reads -- plus ``kind`` (prefill / decode /
-mixed) and ``pass``. Features are computed by the simulator's own feature function, so a model fitted on these rows sees the same numbers in simulation.
+mixed), ``pass``, and the raw ``cpu_s`` / ``speed`` (the ``norm`` factor) of the same steps, for diagnosis. Features are computed by the simulator's own feature function, so a model fitted on these rows sees the same numbers in simulation.
 
 Deviation from App. A: the paper profiles batch sizes up to 192 and inputs up to 2020 tokens on an NPU; the
 default grid stops at the engine's ``max_num_seqs`` / ``max_num_batched_tokens`` / KV pool (a tiny CPU model
@@ -79,6 +79,7 @@ class _Driver:
         self.nt: dict[int, int] = {}
         self._pending: list[tuple[int, int, int]] = []
         self._next = 0
+        self.last: dict[str, Any] = {}  # the last step's reply (raw CPU time, norm factor)
 
     def new(self, prompt: int, max_out: int) -> int:
         rid = self._next
@@ -98,7 +99,8 @@ class _Driver:
         *f, _ = batch_features(table, np.arange(rid.size), tok, no_spec, 1, blocks)
         feats = BatchFeatures(*f)
         add, self._pending = self._pending, []
-        reply = self.engine.step(list(zip(rid.tolist(), tok.tolist(), nc.tolist(), nt.tolist())), add=add)
+        reply = self.last = self.engine.step(list(zip(rid.tolist(), tok.tolist(), nc.tolist(), nt.tolist())),
+                                             add=add)
         for r, n in items:
             self.nc[r] += n
             if self.nc[r] == self.nt[r]:
@@ -218,24 +220,30 @@ def profile(engine: VLLMEngine, grid: ProfileGrid | None = None, repeats: int = 
             kind, point = points[j]
             if progress is not None:
                 progress(f"pass {rep + 1}/{repeats} [{k + 1}/{len(points)}] {kind} {point}")
-            dt, f = _visit(d, kind, point, warmup, measure, cfg.max_num_batched_tokens)
+            dt, f, raw = _visit(d, kind, point, warmup, measure, cfg.max_num_batched_tokens)
             rows.append({"kind": kind, **{k: int(v) for k, v in zip(BatchFeatures._fields, f)}, "time_s": dt,
-                         "pass": rep})
-    return pd.DataFrame(rows, columns=["kind", *BatchFeatures._fields, "time_s", "pass"])
+                         "pass": rep, **raw})
+    return pd.DataFrame(rows, columns=["kind", *BatchFeatures._fields, "time_s", "pass", "cpu_s", "speed"])
 
 
 def _visit(d: _Driver, kind: str, point: tuple[int, ...], warmup: int, measure: int,
-           budget: int) -> tuple[float, BatchFeatures]:
+           budget: int) -> tuple[float, BatchFeatures, dict[str, float]]:
     """``warmup`` + ``measure`` iterations of one composition from an empty engine; returns the measured ones'
-    median time and the middle one's features."""
+    median time, the middle one's features and the medians of their raw ``cpu_s`` and ``speed``."""
     steps: list[tuple[float, BatchFeatures]] = []
+    raw: list[tuple[float, float]] = []
+
+    def step(items: list[tuple[int, int]]) -> None:
+        steps.append(d.step(items))
+        raw.append((float(d.last["cpu_s"]), float(d.last["speed"])))
+
     if kind == "prefill":
         b, n = point
         for _ in range(warmup + measure):
             rids = [d.new(n, 1) for _ in range(b)]
-            steps.append(d.step([(r, n) for r in rids]))
+            step([(r, n) for r in rids])
             d.release()
-        return _median_step(steps[warmup:])
+        return _median_step(steps[warmup:], raw[warmup:])
     b, n = point[0], point[1]
     rids = [d.new(n, warmup + measure + 2) for _ in range(b)]
     d.prefill_all(rids, budget)
@@ -247,17 +255,20 @@ def _visit(d: _Driver, kind: str, point: tuple[int, ...], warmup: int, measure: 
             if past:  # an unmeasured first chunk, so the measured one continues the prompt
                 d.step([(p, past)])
             items.append((p, chunk))
-        steps.append(d.step(items))
+        step(items)
         if chunk:
             d.release([p])
     d.release()
-    return _median_step(steps[warmup:])
+    return _median_step(steps[warmup:], raw[warmup:])
 
 
-def _median_step(steps: list[tuple[float, BatchFeatures]]) -> tuple[float, BatchFeatures]:
+def _median_step(steps: list[tuple[float, BatchFeatures]],
+                 raw: list[tuple[float, float]]) -> tuple[float, BatchFeatures, dict[str, float]]:
     """The median time of ``steps`` with the middle step's features: fixed per composition (a decode context
     grows by one token per step), so repeats of a composition in other passes aggregate together."""
-    return float(np.median([t for t, _ in steps])), steps[len(steps) // 2][1]
+    med = np.median(np.asarray(raw), axis=0)
+    return (float(np.median([t for t, _ in steps])), steps[len(steps) // 2][1],
+            {"cpu_s": float(med[0]), "speed": float(med[1])})
 
 
 def aggregate(df: pd.DataFrame) -> pd.DataFrame:
