@@ -86,6 +86,8 @@ def check_instance(sim: Any, inst: Any) -> None:
     assert all(rs.status[r] == Status.WAITING for r in inst.waiting)
     assert all(rs.status[r] == Status.RUNNING for r in inst.running)
     assert all(rs.instance[r] == inst.id for r in lists)
+    # the O(1) guard of Simulator._kv_holders_first counts exactly the waiting requests holding KV
+    assert inst.n_waiting_kv == int((rs.kv_blocks[inst.waiting] > 0).sum()) if inst.waiting else inst.n_waiting_kv == 0
 
 
 class InvariantScheduler(Scheduler):

@@ -123,6 +123,7 @@ def check_cluster(sim: Simulator) -> None:
         assert all(rs.status[r] == Status.WAITING for r in inst.waiting)
         assert all(rs.status[r] == Status.RUNNING for r in inst.running)
         assert all(rs.instance[r] == inst.id for r in lists)
+        assert inst.n_waiting_kv == sum(int(rs.kv_blocks[r] > 0) for r in inst.waiting)
         parked = (rs.instance == inst.id) & np.isin(rs.status, (Status.EXTERNAL, Status.TRANSFER))
         assert int(parked.sum()) == inst.n_parked
         assert inst.n_incoming == sum(d == inst.id for d in sim._xfer_dst.values())

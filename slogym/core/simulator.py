@@ -322,6 +322,7 @@ class Simulator:
         self._fin_buf = np.empty(len(w), np.int64)
         self._pre_buf = np.empty(len(w), np.int64)
         self._admit_buf = np.empty(len(w), np.int64)
+        self._waits_with_kv = np.zeros(len(w), np.bool_)  # joined a waiting list holding KV (n_waiting_kv)
         self._blocks_buf = np.empty(len(w), np.int64)  # KV blocks per request of the batch being launched
         self._no_spec = np.zeros(len(w), np.int64)
         # largest context a request reaches: all its prefill and decode tokens (KV kept across stages)
@@ -447,10 +448,28 @@ class Simulator:
         rs.instance[r] = inst.id
         rs.slot[r] = inst.id
         rs.status[r] = _WAITING
-        inst.waiting.append(r)
-        self.on_request_placed(r, inst)
+        self._enqueue(inst, r)
         if not inst.busy:
             yield from self._schedule(inst, t)
+
+    def _enqueue(self, inst: Instance, r: int, front: bool = False) -> None:
+        """``r`` joins ``inst``'s waiting list (at the back, or the front for a preempted request), counted in
+        ``n_waiting_kv`` when it holds KV there."""
+        if front:
+            inst.waiting.insert(0, r)
+        else:
+            inst.waiting.append(r)
+        if self.rs.kv_blocks[r] > 0:
+            self._waits_with_kv[r] = True
+            inst.n_waiting_kv += 1
+        self.on_request_placed(r, inst)
+
+    def _dequeue(self, inst: Instance, r: int) -> None:
+        """``r`` leaves ``inst``'s waiting list (admitted to the running set, or released)."""
+        inst.waiting.remove(r)
+        if self._waits_with_kv[r]:
+            self._waits_with_kv[r] = False
+            inst.n_waiting_kv -= 1
 
     # ================================================================== scheduling an iteration
     def _schedule(self, inst: Instance, t: float) -> _Gen:
@@ -574,7 +593,7 @@ class Simulator:
         if not n:
             return
         for r in self._admit_buf[:n].tolist():
-            inst.waiting.remove(r)
+            self._dequeue(inst, r)
             inst.running.append(r)
         inst.running_changed()
 
@@ -788,8 +807,7 @@ class Simulator:
         inst.n_parked -= 1
         rs.status[r] = Status.WAITING
         rs.slot[r] = inst.id
-        inst.waiting.append(r)
-        self.on_request_placed(r, inst)
+        self._enqueue(inst, r)
         if not inst.busy:
             yield from self._schedule(inst, t)
 
@@ -846,8 +864,7 @@ class Simulator:
         rs.instance[r] = dst.id
         rs.slot[r] = dst.id
         rs.status[r] = Status.WAITING
-        dst.waiting.append(r)
-        self.on_request_placed(r, dst)
+        self._enqueue(dst, r)
         self._check_drained(src, t)
         if not dst.busy:
             yield from self._schedule(dst, t)
@@ -869,7 +886,7 @@ class Simulator:
             inst.running.remove(r)
             inst.running_changed()
         elif st == _WAITING:
-            inst.waiting.remove(r)
+            self._dequeue(inst, r)
         elif st == _EXTERNAL:
             inst.n_parked -= 1
         elif st == _TRANSFER:
@@ -892,14 +909,16 @@ class Simulator:
         self._release(r)
         rs.status[r] = _WAITING
         rs.slot[r] = inst.id
-        inst.waiting.insert(0, r)  # the caller then moves KV holders ahead (_kv_holders_first)
-        self.on_request_placed(r, inst)
+        self._enqueue(inst, r, front=True)  # the caller then moves KV holders ahead (_kv_holders_first)
 
     def _kv_holders_first(self, inst: Instance) -> None:
         """Waiting requests that still hold KV (back from a tool call) move, in order, ahead of the preempted
         ones: a victim may need exactly that KV, and FCFS schedulers stop at the first request that does not
         fit and preempt only running requests, so a victim in front of them would be preempted again each
-        iteration forever (a livelock once nothing else frees KV, e.g. on a draining instance)."""
+        iteration forever (a livelock once nothing else frees KV, e.g. on a draining instance). O(1) when no
+        waiting request holds KV (the common case: a long queue under KV pressure is not scanned)."""
+        if not inst.n_waiting_kv:
+            return
         held = self.rs.kv_blocks[inst.waiting] > 0
         if held.any() and not held[:held.sum()].all():
             inst.waiting[:] = [x for x, h in zip(inst.waiting, held) if h] + \
