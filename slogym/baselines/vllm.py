@@ -12,6 +12,8 @@ requires the budget to exceed the model length); the best-effort flag is ignored
 
 from __future__ import annotations
 
+from itertools import chain
+
 from slogym.baselines.common import (batch_of, decode_batch, fill_prefill_chunks, make_room_for_decodes,
                                      split_running, unstick)
 from slogym.core.batch import Batch
@@ -35,7 +37,7 @@ class VLLMScheduler(Scheduler):
         arrival = inst.sim.w.arrival
         if inst.waiting or pre.size:
             reserve = int(self.watermark * inst.total_blocks)
-            cands = pre.tolist() + inst.waiting
+            cands = chain(pre.tolist(), inst.waiting)  # drawn lazily: the waiting queue may be long
             slots = self.max_num_seqs - dec.size
             reqs, toks, _, _ = fill_prefill_chunks(inst, cands, self.max_num_batched_tokens,
                                                 inst.free_blocks - reserve, slots, chunked=False)
