@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+from numba import njit
 
 from slogym.core.state import OUTCOME_NAMES, Outcome
 
@@ -41,26 +42,62 @@ if TYPE_CHECKING:
 
 EPS = 1e-9
 PERCENTILES = (50, 90, 99)
+FINISHED, BEST_EFFORT = int(Outcome.FINISHED), int(Outcome.BEST_EFFORT)
 
 
-def slo_verdicts(sim: "Simulator", idx: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Boolean SLO verdict per request (all, or those in ``idx``) in every attainment mode."""
+MODES = ("strict", "dslo", "mean_tpot", "ttlt")
+"""Attainment modes, in the order :func:`verdict` numbers them."""
+
+
+@njit(cache=True, nogil=True)
+def verdict(r: int, mode: int, outcome: np.ndarray, arrival: np.ndarray, ttlt: np.ndarray, finish: np.ndarray,
+            ttft_slack: np.ndarray, tpot_slack: np.ndarray, dslo_slack: np.ndarray, mean_slack: np.ndarray,
+            final_deadline: np.ndarray, no_slo: np.ndarray) -> bool:
+    """Whether request ``r`` met its SLO in mode ``MODES[mode]`` (the rules of the module docstring); the
+    arrays are :func:`verdict_arrays`' (compiled: the env judges the requests finished since its last step)."""
+    if outcome[r] != FINISHED and outcome[r] != BEST_EFFORT:
+        return False
+    if no_slo[r]:
+        return True
+    if not finish[r] - arrival[r] <= ttlt[r] + EPS:
+        return False
+    if mode == 3:  # ttlt: the TTLT, or without one the last token's deadline
+        implied = arrival[r] + ttlt[r] if np.isfinite(ttlt[r]) else final_deadline[r]
+        return finish[r] <= implied + EPS
+    if not ttft_slack[r] >= -EPS:
+        return False
+    if mode == 0:
+        return tpot_slack[r] >= -EPS
+    if mode == 1:
+        return dslo_slack[r] >= -EPS
+    return mean_slack[r] >= -EPS
+
+
+@njit(cache=True, nogil=True)
+def _verdicts_into(idx: np.ndarray, modes: np.ndarray, outcome: np.ndarray, arrival: np.ndarray, ttlt: np.ndarray,
+                   finish: np.ndarray, ttft_slack: np.ndarray, tpot_slack: np.ndarray, dslo_slack: np.ndarray,
+                   mean_slack: np.ndarray, final_deadline: np.ndarray, no_slo: np.ndarray, out: np.ndarray) -> None:
+    for k in range(modes.size):
+        for j in range(idx.size):
+            out[k, j] = verdict(idx[j], modes[k], outcome, arrival, ttlt, finish, ttft_slack, tpot_slack,
+                                dslo_slack, mean_slack, final_deadline, no_slo)
+
+
+def verdict_arrays(sim: "Simulator") -> tuple[np.ndarray, ...]:
+    """The per-request arrays :func:`verdict` reads, in its argument order (fixed for a simulator's run)."""
     rs, w = sim.rs, sim.w
-    sel = slice(None) if idx is None else idx
-    outcome = rs.outcome[sel]
-    served = (outcome == Outcome.FINISHED) | (outcome == Outcome.BEST_EFFORT)
-    arrival, ttlt, finish = w.arrival[sel], w.ttlt[sel], rs.finish[sel]
-    ttlt_ok = finish - arrival <= ttlt + EPS
-    ttft_ok = rs.ttft_slack[sel] >= -EPS
-    implied = np.where(np.isfinite(ttlt), arrival + ttlt, rs.final_deadline[sel])
-    modes = {
-        "strict": ttft_ok & (rs.tpot_slack[sel] >= -EPS),
-        "dslo": ttft_ok & (rs.dslo_slack[sel] >= -EPS),
-        "mean_tpot": ttft_ok & (rs.mean_slack[sel] >= -EPS),
-        "ttlt": finish <= implied + EPS,
-    }
-    no_slo = w.best_effort[sel]
-    return {m: served & (ok & ttlt_ok | no_slo) for m, ok in modes.items()}
+    return (rs.outcome, w.arrival, w.ttlt, rs.finish, rs.ttft_slack, rs.tpot_slack, rs.dslo_slack, rs.mean_slack,
+            rs.final_deadline, w.best_effort)
+
+
+def slo_verdicts(sim: "Simulator", idx: np.ndarray | None = None,
+                 modes: tuple[str, ...] = MODES) -> dict[str, np.ndarray]:
+    """Boolean SLO verdict per request (all, or those in ``idx``) in each of ``modes`` (default: all)."""
+    idx = np.arange(len(sim.w)) if idx is None else np.asarray(idx, dtype=np.int64).reshape(-1)
+    codes = np.array([MODES.index(m) for m in modes], np.int64)
+    out = np.empty((len(modes), idx.size), np.bool_)
+    _verdicts_into(idx, codes, *verdict_arrays(sim), out)
+    return dict(zip(modes, out))
 
 
 def service_gain(sim: "Simulator", idx: np.ndarray | None = None) -> np.ndarray:
@@ -99,20 +136,26 @@ class RunResult:
 
     @classmethod
     def from_simulator(cls, sim: "Simulator") -> "RunResult":
-        records = request_records(sim)
-        return cls(records, run_summary(sim, records), list(sim.events))
+        return cls(request_records(sim), run_summary(sim), list(sim.events))
 
     def to_parquet(self, path: str) -> None:
         self.records.to_parquet(path, index=False)
 
 
+def _served(rs: Any) -> np.ndarray:
+    return (rs.outcome == Outcome.FINISHED) | (rs.outcome == Outcome.BEST_EFFORT)
+
+
+def _mean_tpot(rs: Any) -> np.ndarray:
+    """Mean gap between a request's output tokens (NaN below two tokens)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(rs.generated > 1, (rs.last_token - rs.first_token) / (rs.generated - 1), np.nan)
+
+
 def request_records(sim: "Simulator") -> pd.DataFrame:
     rs, w = sim.rs, sim.w
     verdicts = slo_verdicts(sim)
-    out_tok = w.output_tokens
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean_tpot = np.where(rs.generated > 1, (rs.last_token - rs.first_token) / (rs.generated - 1), np.nan)
-    served = (rs.outcome == Outcome.FINISHED) | (rs.outcome == Outcome.BEST_EFFORT)
+    served = _served(rs)
     names = np.array([OUTCOME_NAMES[Outcome(o)] for o in range(len(Outcome))])
     df = pd.DataFrame({
         "request_id": np.arange(len(w)),
@@ -121,14 +164,14 @@ def request_records(sim: "Simulator") -> pd.DataFrame:
         "arrival": w.arrival,
         "ttft": rs.first_token - w.arrival,
         "max_tpot": np.where(rs.generated > 1, rs.max_gap, np.nan),
-        "mean_tpot": mean_tpot,
+        "mean_tpot": _mean_tpot(rs),
         "ttlt": np.where(served, rs.finish - w.arrival, np.nan),
         "slo_met": verdicts[sim.attainment],
         "outcome": names[rs.outcome],
         "service_gain": service_gain(sim),
         "instance": rs.instance,
         "input_tokens": w.input_tokens,
-        "output_tokens": out_tok,
+        "output_tokens": w.output_tokens,
         "generated_tokens": rs.generated,
         "computed_tokens": rs.computed_total,
         "recomputed_tokens": rs.recomputed,
@@ -151,22 +194,40 @@ def instance_seconds(sim: "Simulator") -> list[float]:
     return [(i.stopped_at if i.stopped_at is not None else sim.end_time) - i.started_at for i in sim.instances]
 
 
-def _attainment(df: pd.DataFrame, by: str) -> dict[str, float]:
-    return {str(k): float(v) for k, v in df.groupby(by, sort=True)["slo_met"].mean().items()}
+def _nanmean(x: np.ndarray) -> float:
+    """Mean of the non-NaN entries (NaN if none), summed as pandas' ``Series.mean`` sums: NaNs replaced by 0,
+    then NumPy's pairwise sum over the whole array."""
+    nan = np.isnan(x)
+    n = x.size - int(nan.sum())
+    return float(np.where(nan, 0.0, x).sum() / n) if n else float("nan")
 
 
-def run_summary(sim: "Simulator", df: pd.DataFrame) -> dict[str, Any]:
+def _attainment(met: np.ndarray, group: np.ndarray, names: list[str]) -> dict[str, float]:
+    """Attainment per group (codes ``group`` into ``names``), groups with requests only, sorted by name."""
+    hits = np.bincount(group, weights=met, minlength=len(names))
+    counts = np.bincount(group, minlength=len(names))
+    return {str(names[g]): float(hits[g] / counts[g]) for g in sorted(np.flatnonzero(counts), key=lambda g: names[g])}
+
+
+def run_summary(sim: "Simulator") -> dict[str, Any]:
+    """The run's summary, computed from the simulator's arrays (no per-request table: the env's terminal step
+    builds one per episode). Means and sums are taken as the ``records`` table's pandas ones would be."""
     w, rs = sim.w, sim.rs
+    verdicts = slo_verdicts(sim)
+    met = verdicts[sim.attainment]
     has_slo = ~w.best_effort
-    scored = df[has_slo]
-    n_met = int(df["slo_met"].sum())
+    n_scored = int(has_slo.sum())
     t0 = float(w.arrival[0]) if len(w) else 0.0
     span = max(sim.end_time - t0, 1e-9)
-    served = df["outcome"].isin(("finished", "best_effort"))
-    attainment = float(scored["slo_met"].mean()) if len(scored) else float("nan")
-    mean_latency = float(df.loc[served, "ttlt"].mean()) if served.any() else float("nan")
-    inst_seconds = instance_seconds(sim)
+    served = _served(rs)
     n_served = int(served.sum())
+    attainment = float(met[has_slo].sum() / n_scored) if n_scored else float("nan")
+    ttlt = (rs.finish - w.arrival)[served]
+    mean_latency = _nanmean(ttlt) if n_served else float("nan")
+    inst_seconds = instance_seconds(sim)
+    gain = service_gain(sim)
+    gain_total = float(np.where(np.isnan(gain), 0.0, gain).sum())
+    outcome_counts = np.bincount(rs.outcome, minlength=len(Outcome))
     summary: dict[str, Any] = {
         "workload": w.name,
         "policy": sim.policy.name,
@@ -177,22 +238,21 @@ def run_summary(sim: "Simulator", df: pd.DataFrame) -> dict[str, Any]:
         "attainment_mode": sim.attainment,
         "n_requests": len(w),
         "attainment": attainment,
-        "attainment_by_app": _attainment(scored, "app"),
-        "attainment_by_tier": _attainment(scored, "tier"),
-        "attainment_modes": {m: float(scored[f"slo_met_{m}"].mean()) if len(scored) else float("nan")
-                             for m in ("strict", "dslo", "mean_tpot", "ttlt")},
-        "goodput": n_met / span,
-        "throughput": float(served.sum()) / span,
+        "attainment_by_app": _attainment(met[has_slo], w.app[has_slo], list(w.app_names)),
+        "attainment_by_tier": _attainment(met[has_slo], w.tier[has_slo], list(w.tier_names)),
+        "attainment_modes": {m: float(v[has_slo].sum() / n_scored) if n_scored else float("nan")
+                             for m, v in verdicts.items()},
+        "goodput": int(met.sum()) / span,
+        "throughput": float(n_served) / span,
         "token_throughput": float(rs.generated.sum()) / span,
-        "service_gain": float(df["service_gain"].sum()),
-        "service_gain_rate": float(df["service_gain"].sum()) / span,
+        "service_gain": gain_total,
+        "service_gain_rate": gain_total / span,
         "sa_objective": attainment / mean_latency if mean_latency > 0 else float("nan"),
         "cost_instance_seconds": float(sum(inst_seconds)),
         "cost_per_request": float(sum(inst_seconds)) / n_served if n_served else float("nan"),
         "kv_transfers": int(sim.kv_transfers),
         "utilization": float(sum(i.busy_time for i in sim.instances) / max(sum(inst_seconds), 1e-9)),
-        "outcomes": {name: int((df["outcome"] == name).sum()) for name in OUTCOME_NAMES.values()
-                     if name != "none"},
+        "outcomes": {OUTCOME_NAMES[o]: int(outcome_counts[o]) for o in Outcome if o != Outcome.NONE},
         "dropped_reasons": dict(sorted(sim.dropped_reasons.items())),
         "preemptions": int(rs.n_preempt.sum()),
         "recomputed_tokens": int(rs.recomputed.sum()),
@@ -201,8 +261,8 @@ def run_summary(sim: "Simulator", df: pd.DataFrame) -> dict[str, Any]:
         "sim_seconds": float(sim.end_time),
         "wall_seconds": float(sim.wall_seconds),
     }
-    summary.update(_pct(df.loc[served, "ttft"].to_numpy(), "ttft"))
-    summary.update(_pct(df.loc[served, "mean_tpot"].to_numpy(), "tpot"))
-    summary.update(_pct(df.loc[served, "ttlt"].to_numpy(), "ttlt"))
+    summary.update(_pct((rs.first_token - w.arrival)[served], "ttft"))
+    summary.update(_pct(_mean_tpot(rs)[served], "tpot"))
+    summary.update(_pct(ttlt, "ttlt"))
     summary["requests_per_wall_second"] = len(w) / summary["wall_seconds"] if summary["wall_seconds"] else None
     return {k: float(v) if isinstance(v, np.floating) else v for k, v in summary.items()}

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from slogym.core.instance import ENTRY_ROLES
+from slogym.core.instance import ENTRY_ROLES, Instance
 from slogym.core.policy import BEST_EFFORT, DEFER, REJECT
 from slogym.core.simulator import Simulator
 from slogym.envs.base import CLIP, ServingEnv, _box
@@ -50,16 +50,18 @@ class ArrivalEnv(ServingEnv):
 
     def _observe(self) -> dict[str, np.ndarray]:
         _, r, now = self._msg
-        return self._request_part(r) | self._cluster_part(now)
+        return self._arrival_obs(r, now)
 
-    def _fits(self, r: int) -> np.ndarray:
-        """Per instance: can it ever hold request ``r``'s largest context in KV?"""
-        sim = self.sim
-        return np.array([sim._max_ctx[r] <= i.total_blocks * i.block_size for i in sim.instances])
+    def _fits(self, r: int, inst: Instance) -> bool:
+        """Can ``inst`` ever hold request ``r``'s largest context in KV?"""
+        return self.sim._max_ctx[r] <= inst.total_blocks * inst.block_size
 
     def _check(self, action: Any) -> int:
-        a = int(np.asarray(action).reshape(-1)[0]) if np.ndim(action) else int(action)
-        if not 0 <= a < self.action_space.n:
+        if type(action) is int or isinstance(action, np.integer):
+            a = int(action)
+        else:
+            a = int(np.asarray(action).reshape(-1)[0]) if np.ndim(action) else int(action)
+        if not 0 <= a < self._n_actions:
             raise ValueError(f"action {action!r} is not in {self.action_space}")
         return a
 
@@ -79,11 +81,16 @@ class AdmissionEnv(ArrivalEnv):
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self.action_space = spaces.Discrete(3)
+        self._n_actions = 3
         self._expert: tuple[int, int] | None = None
 
     def action_masks(self) -> np.ndarray:
-        ok = bool(self._fits(self._msg[1]).any())
+        ok = self._fits_somewhere(self._msg[1])
         return np.array([ok, ok, True])
+
+    def _fits_somewhere(self, r: int) -> bool:
+        """Can any instance ever hold request ``r`` (admit and best-effort allowed)?"""
+        return any(self._fits(r, inst) for inst in self.sim.instances)
 
     def expert_action(self) -> int:
         """The ``policy`` router's admission decision for the current request."""
@@ -94,10 +101,10 @@ class AdmissionEnv(ArrivalEnv):
 
     def _to_sim_action(self, action: Any) -> int:
         a = self._check(action)
-        if not self.action_masks()[a]:
-            raise ValueError(f"action {a} is masked out for request {self._msg[1]} (it fits on no instance)")
         if a == self.REJECT:
             return REJECT
+        if not self._fits_somewhere(self._msg[1]):  # action_masks()[a]
+            raise ValueError(f"action {a} is masked out for request {self._msg[1]} (it fits on no instance)")
         if a == self.BEST_EFFORT:
             return BEST_EFFORT
         _, r, now = self._msg
@@ -125,6 +132,7 @@ class RoutingEnv(ArrivalEnv):
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self.action_space = spaces.Discrete(self.n_instances + 1)
+        self._n_actions = self.n_instances + 1
         self.observation_space = spaces.Dict(self.observation_space.spaces | {
             "placed_since": _box(self.n_instances, low=0.0, high=CLIP)})
         self._since = np.zeros(self.n_instances, np.float32)
@@ -139,7 +147,8 @@ class RoutingEnv(ArrivalEnv):
     def action_masks(self) -> np.ndarray:
         entry = np.zeros(len(self.sim.instances), bool)
         entry[self.sim.accepting_instances(ENTRY_ROLES)] = True
-        return np.append(self._fits(self._msg[1]) & entry, True)
+        fits = [self._fits(self._msg[1], inst) for inst in self.sim.instances]
+        return np.append(np.array(fits, bool) & entry, True)
 
     def expert_action(self) -> int:
         """The ``policy`` router's placement for the current request (defer for anything else)."""
@@ -149,11 +158,11 @@ class RoutingEnv(ArrivalEnv):
 
     def _to_sim_action(self, action: Any) -> int:
         a = self._check(action)
-        if not self.action_masks()[a]:
-            raise ValueError(f"action {a} is masked out for request {self._msg[1]}: instance {a} can never "
-                             f"hold it or does not take new requests (a decode instance)")
         if a == self.n_instances:
             return DEFER
+        if not (self._fits(self._msg[1], self.sim.instances[a]) and a in self.sim.accepting_instances(ENTRY_ROLES)):
+            raise ValueError(f"action {a} is masked out for request {self._msg[1]}: instance {a} can never "
+                             f"hold it or does not take new requests (a decode instance)")
         self._since += 1.0
         self._since[a] = 0.0
         return a

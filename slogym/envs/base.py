@@ -28,8 +28,8 @@ from gymnasium import spaces
 from slogym.baselines import list_policies, make_policy
 from slogym.core.batch import BatchFeatures
 from slogym.core.instance import Instance
-from slogym.core.metrics import service_gain, slo_verdicts
-from slogym.core.request import Workload
+from slogym.core.metrics import MODES, run_summary, service_gain, verdict_arrays
+from slogym.core.request import StageKind, Workload
 from slogym.core.simulator import Simulator
 from slogym.engines.base import EngineSpec
 from slogym.engines.registry import get_engine
@@ -41,6 +41,7 @@ REWARDS = ("goodput", "attainment", "service_gain")
 SPLITS = ("train", "test", "all")
 TRAIN_FRACTION = 0.8
 CLIP = 10.0
+DECODE = int(StageKind.DECODE)
 INSTANCE_FEATURES = ("queue_tokens", "waiting", "running", "kv_utilization", "iteration_time")
 """Per-instance load features (see :meth:`ServingEnv._instance_features`)."""
 
@@ -198,7 +199,7 @@ class ServingEnv(gym.Env):
         done, reward = yield from self._advance(sim_action)
         info = self._info()
         if done:
-            info["summary"] = self.sim.result().summary
+            info["summary"] = run_summary(self.sim)
             self._msg = None
         else:
             self._last_obs = self._observe()
@@ -217,19 +218,19 @@ class ServingEnv(gym.Env):
         return done, self._credit()
 
     def _credit(self) -> float:
+        """Judge the requests that reached an outcome since the last call (compiled: usually 0-2 of them)."""
         sim = self.sim
-        if not sim.completed:
+        done = sim.completed
+        if not done:
             return 0.0
-        idx = np.array(sim.completed, dtype=np.int64)
-        sim.completed.clear()
-        met = slo_verdicts(sim, idx)[sim.attainment]
-        self._n_met += int(met.sum())
-        for m in met.tolist():
-            self._ewma = 0.95 * self._ewma + 0.05 * float(m)
+        idx = np.array(done, dtype=np.int64)
+        done.clear()
+        n_met, self._ewma = kernels.credit(idx, self._mode, self._ewma, *self._verdict_args)
+        self._n_met += n_met
         if self.reward_name == "goodput":
-            return float(met.sum())
+            return float(n_met)
         if self.reward_name == "attainment":
-            return float(met.sum()) / len(sim.w)
+            return float(n_met) / len(sim.w)
         return float(service_gain(sim, idx).sum()) / 1000.0
 
     def _info(self) -> dict[str, Any]:
@@ -252,7 +253,12 @@ class ServingEnv(gym.Env):
         """Start observing a fresh simulator: outcome counters, per-request tables, memos."""
         self._n_met = 0
         self._ewma = 1.0
-        self._decode_time: dict[int, tuple[int, int, float]] = {}
+        self._mode = MODES.index(sim.attainment)
+        self._verdict_args = verdict_arrays(sim)
+        # per instance id: (running count, context) of the last decode-step time computed, and that time
+        self._memo_nc = np.full((0, 2), -1, np.int64)
+        self._memo_t = np.zeros(0)
+        self._stale = np.zeros(0, np.bool_)  # scratch: instances whose decode-step time the kernel left to us
         w = sim.w
         q = self.predictor.predict(w.app)
         # the request part of arrival observations depends on the request alone: one row per request
@@ -317,52 +323,65 @@ class ServingEnv(gym.Env):
         return img
 
     # ------------------------------------------------------------------ shared observation parts
-    def _request_part(self, r: int) -> dict[str, np.ndarray]:
-        """Features of request ``r`` (see the subclass docstrings)."""
-        w = self.sim.w
-        app = np.zeros(self.n_apps, np.float32)
-        app[w.app[r]] = 1.0
-        tier = np.zeros(self.n_tiers, np.float32)
-        tier[w.tier[r]] = 1.0
-        return {"request": self._request_rows[r].copy(), "app": app, "tier": tier}
-
-    def _cluster_part(self, now: float) -> dict[str, np.ndarray]:
-        return {"instances": self._instance_features(), "slack": self._tier_slack(now), "recent": self._recent()}
-
-    def _instance_row(self, inst: Instance) -> np.ndarray:
-        """``(5,)`` load features of one instance, unclipped (see :meth:`_instance_features`)."""
-        rs = self.sim.rs
-        out = np.zeros(len(INSTANCE_FEATURES), np.float32)
-        if inst.waiting:
-            out[0] = float(kernels.tokens_left(rs.I, np.array(inst.waiting, dtype=np.int64))) / 8192.0
-        out[1] = len(inst.waiting) / 64.0
-        out[2] = len(inst.running) / float(inst.engine.max_num_seqs)
-        out[3] = inst.kv_utilization
-        if inst.running:
-            run = inst.running_array()
-            n, ctx = run.size, kernels.tokens_computed(rs.I, run) + run.size
-            memo = self._decode_time.get(inst.id)
-            if memo is None or memo[:2] != (n, ctx):  # the perf model is a pure function of the features
-                memo = (n, ctx, inst.time_one(BatchFeatures(0, 0, 0, 0, n, n, ctx, ctx, 0)))
-                self._decode_time[inst.id] = memo
-            out[4] = memo[2] / 0.1
-        return out
-
-    def _instance_features(self) -> np.ndarray:
-        """``(n_instances, 5)``: waiting prefill tokens / 8192, waiting count / 64, running / max_num_seqs,
-        KV utilization, predicted time of a decode step of every running request / 100 ms."""
-        out = np.array([self._instance_row(inst) for inst in self.sim.instances], np.float32)
-        return np.clip(out, -CLIP, CLIP)
-
-    def _tier_slack(self, now: float) -> np.ndarray:
-        """``(n_instances, n_tiers)``: smallest next-token slack (s) among each instance's running requests of
-        each tier (deadline of the next token minus now), ``CLIP`` when the tier has none."""
+    def _arrival_obs(self, r: int, now: float) -> dict[str, np.ndarray]:
+        """Observation of an arrival decision on request ``r`` (see :mod:`slogym.envs.arrival`), built by one
+        compiled call (:func:`slogym.envs.kernels.arrival_observation`)."""
         sim = self.sim
-        out = np.full((len(sim.instances), self.n_tiers), CLIP, np.float32)
-        runs = [inst.running_array() for inst in sim.instances]
-        run = np.concatenate(runs) if len(runs) > 1 else runs[0]
-        if run.size:
-            kernels.tier_slack(run, sim.rs.next_deadline(sim.w, run), now, sim.rs.slot, sim.w.tier, CLIP, out)
+        w, rs = sim.w, sim.rs
+        insts = sim.instances
+        run, wait, shape = self._load_inputs(insts)
+        f32 = np.float32
+        obs = {"request": np.empty(8, f32), "app": np.empty(self.n_apps, f32), "tier": np.empty(self.n_tiers, f32),
+               "instances": np.empty((len(insts), len(INSTANCE_FEATURES)), f32),
+               "slack": np.empty((len(insts), self.n_tiers), f32), "recent": np.empty(2, f32)}
+        if kernels.arrival_observation(
+                r, self._request_rows, w.app, w.tier, self._ewma, sim._n_done / max(len(w), 1), rs.I, rs.F, rs.stage,
+                rs.ready, w.stage_kind, w.stage_ttft, DECODE, rs.slot, run, wait, shape, self._memo_nc, self._memo_t,
+                now, CLIP, obs["request"], obs["app"], obs["tier"], obs["recent"], obs["instances"], obs["slack"],
+                self._stale):
+            self._time_stale(insts, obs["instances"])
+        return obs
+
+    def _load_inputs(self, insts: list[Instance]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """What :func:`slogym.envs.kernels.instance_load` reads about ``insts``: their running requests and
+        their waiting requests (each concatenated in instance order) and per instance ``(waiting, running,
+        free KV blocks, total KV blocks, max_num_seqs, id)``. Sizes the per-instance memos."""
+        flat: list[int] = []
+        for i in insts:
+            flat += (len(i.waiting), len(i.running), i.free_blocks, i.total_blocks, i.engine.max_num_seqs, i.id)
+        shape = np.array(flat, np.int64).reshape(len(insts), 6)
+        if len(insts) == 1:
+            run, waiting = insts[0].running_array(), insts[0].waiting
+        else:
+            run, waiting = np.concatenate([i.running_array() for i in insts]), [x for i in insts for x in i.waiting]
+        n_ids = len(self.sim.instances)
+        if self._memo_t.size < n_ids:
+            grow = n_ids - self._memo_t.size
+            self._memo_nc = np.concatenate((self._memo_nc, np.full((grow, 2), -1, np.int64)))
+            self._memo_t = np.concatenate((self._memo_t, np.zeros(grow)))
+            self._stale = np.zeros(n_ids, np.bool_)
+        return run, np.array(waiting, np.int64), shape
+
+    def _time_stale(self, insts: list[Instance], out: np.ndarray) -> None:
+        """Time a decode step of every running request on the instances the kernel flagged (``_stale``) and
+        write it to ``out[:, 4]`` (clipping before or after the float32 cast gives the same value)."""
+        for k, inst in enumerate(insts):
+            if self._stale[k]:
+                n, ctx = self._memo_nc[inst.id].tolist()
+                t = inst.time_one(BatchFeatures(0, 0, 0, 0, n, n, ctx, ctx, 0))
+                self._memo_t[inst.id] = t
+                out[k, 4] = min(max(t / 0.1, -CLIP), CLIP)
+
+    def _instance_features(self, insts: list[Instance]) -> np.ndarray:
+        """``(len(insts), 5)`` load features, clipped: waiting prefill tokens / 8192, waiting count / 64,
+        running / max_num_seqs, KV utilization, predicted time of a decode step of every running request /
+        100 ms (recomputed only when the instance's running count or context changed: the perf model is a pure
+        function of those features)."""
+        run, wait, shape = self._load_inputs(insts)
+        out = np.empty((len(insts), len(INSTANCE_FEATURES)), np.float32)
+        if kernels.instance_load(self.sim.rs.I, run, wait, shape, self._memo_nc, self._memo_t, CLIP, out,
+                                 self._stale):
+            self._time_stale(insts, out)
         return out
 
     def _arrival_space(self) -> spaces.Dict:

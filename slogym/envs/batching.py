@@ -148,7 +148,7 @@ class BatchingEnv(ServingEnv):
         valid = np.zeros(self.K, np.float32)
         valid[:n] = 1.0
         own = np.empty(len(INSTANCE_FEATURES) + 1, np.float32)
-        np.clip(self._instance_row(inst), -CLIP, CLIP, out=own[:-1])
+        own[:-1] = self._instance_features([inst])[0]
         own[-1] = inst.id / self.n_instances
         return {"candidates": feats, "valid": valid, "instance": own, "recent": self._recent()}
 

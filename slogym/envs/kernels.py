@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from slogym.core.kernels import next_deadline
+from slogym.core.metrics import verdict
 from slogym.core.state import I_GEN, I_KV, I_NC, I_NT
 
 _JIT = dict(cache=True, nogil=True, error_model="numpy")  # numpy error model: x/0 gives inf, as in NumPy
@@ -124,21 +126,92 @@ def candidate_features(I: np.ndarray, status: np.ndarray, ready: np.ndarray, can
 
 
 @njit(**_JIT)
-def tokens_left(I: np.ndarray, idx: np.ndarray) -> int:
-    """Tokens the requests ``idx`` still have to compute before their next sample (waiting prefill work)."""
-    total = 0
-    for r in idx:
-        total += I[r, I_NT] - I[r, I_NC]
-    return total
+def _clip32(x: float, clip: float) -> np.float32:
+    """``np.clip`` of ``x`` cast to float32 (NaN kept)."""
+    y = np.float32(x)
+    return np.float32(clip) if y > clip else np.float32(-clip) if y < -clip else y
 
 
 @njit(**_JIT)
-def tokens_computed(I: np.ndarray, idx: np.ndarray) -> int:
-    """Tokens whose KV the requests ``idx`` hold."""
-    total = 0
+def instance_load(I: np.ndarray, run: np.ndarray, wait: np.ndarray, shape: np.ndarray, memo_nc: np.ndarray,
+                  memo_t: np.ndarray, clip: float, out: np.ndarray, stale: np.ndarray) -> int:
+    """Fill ``out`` (float32, ``(k, 5)``) with the load features of ``k`` instances (``ServingEnv``'s
+    ``INSTANCE_FEATURES``, clipped): instance ``i`` has ``shape[i] = (waiting, running, free KV blocks, total
+    KV blocks, max_num_seqs, id)``, its waiting requests next in ``wait`` and its running ones next in ``run``.
+
+    The decode-step time of instance ``id`` (a pure function of its running count and context) is remembered
+    in ``memo_nc[id]`` / ``memo_t[id]``: where they no longer match, ``memo_nc`` is updated, ``stale[i]`` set
+    and ``out[i, 4]`` left for the caller to time. Returns how many are stale."""
+    n_stale = 0
+    w0 = 0
+    r0 = 0
+    for i in range(shape.shape[0]):
+        n_wait, n_run, free, total, max_seqs, inst = (shape[i, 0], shape[i, 1], shape[i, 2], shape[i, 3], shape[i, 4],
+                                                      shape[i, 5])
+        queue = 0
+        for j in range(w0, w0 + n_wait):
+            queue += I[wait[j], I_NT] - I[wait[j], I_NC]
+        ctx = n_run
+        for j in range(r0, r0 + n_run):
+            ctx += I[run[j], I_NC]
+        w0 += n_wait
+        r0 += n_run
+        out[i, 0] = _clip32(queue / 8192.0, clip)
+        out[i, 1] = _clip32(n_wait / 64.0, clip)
+        out[i, 2] = _clip32(n_run / float(max_seqs), clip)
+        out[i, 3] = _clip32(1.0 - free / total if total else 1.0, clip)
+        stale[i] = False
+        if n_run == 0:
+            out[i, 4] = 0.0
+        elif memo_nc[inst, 0] == n_run and memo_nc[inst, 1] == ctx:
+            out[i, 4] = _clip32(memo_t[inst] / 0.1, clip)
+        else:
+            memo_nc[inst, 0] = n_run
+            memo_nc[inst, 1] = ctx
+            stale[i] = True
+            n_stale += 1
+    return n_stale
+
+
+@njit(**_JIT)
+def arrival_observation(r: int, rows: np.ndarray, app: np.ndarray, tier: np.ndarray, ewma: float, done_frac: float,
+                        I: np.ndarray, F: np.ndarray, stage: np.ndarray, ready: np.ndarray, stage_kind: np.ndarray,
+                        stage_ttft: np.ndarray, decode: int, slot: np.ndarray, run: np.ndarray, wait: np.ndarray,
+                        shape: np.ndarray, memo_nc: np.ndarray, memo_t: np.ndarray, now: float, clip: float,
+                        out_request: np.ndarray, out_app: np.ndarray, out_tier: np.ndarray, out_recent: np.ndarray,
+                        out_instances: np.ndarray, out_slack: np.ndarray, stale: np.ndarray) -> int:
+    """Fill the arrival observation of request ``r`` (``slogym.envs.arrival``) in one call: ``request``
+    (``rows[r]``), one-hot ``app`` and ``tier``, ``recent``, ``instances`` (:func:`instance_load`, whose
+    return value this is: instances left to time) and ``slack`` (:func:`tier_slack` of the running requests
+    ``run`` against their next deadlines, ``RequestState.next_deadline``)."""
+    out_request[:] = rows[r]
+    out_app[:] = 0.0
+    out_app[app[r]] = 1.0
+    out_tier[:] = 0.0
+    out_tier[tier[r]] = 1.0
+    out_recent[0] = np.float32(ewma)
+    out_recent[1] = np.float32(done_frac)
+    out_slack[:] = clip
+    if run.size:
+        deadline = next_deadline(F, I, stage, ready, stage_kind, stage_ttft, run, decode)
+        tier_slack(run, deadline, now, slot, tier, clip, out_slack)
+    return instance_load(I, run, wait, shape, memo_nc, memo_t, clip, out_instances, stale)
+
+
+@njit(**_JIT)
+def credit(idx: np.ndarray, mode: int, ewma: float, outcome: np.ndarray, arrival: np.ndarray, ttlt: np.ndarray,
+           finish: np.ndarray, ttft_slack: np.ndarray, tpot_slack: np.ndarray, dslo_slack: np.ndarray,
+           mean_slack: np.ndarray, final_deadline: np.ndarray, no_slo: np.ndarray) -> tuple[int, float]:
+    """SLO outcomes of the requests ``idx`` (in order) in attainment mode ``mode``
+    (:func:`slogym.core.metrics.verdict`; the arrays are ``verdict_arrays``'): how many met it, and the
+    recent-attainment EWMA (weight 0.05 per outcome) after them."""
+    n_met = 0
     for r in idx:
-        total += I[r, I_NC]
-    return total
+        m = verdict(r, mode, outcome, arrival, ttlt, finish, ttft_slack, tpot_slack, dslo_slack, mean_slack,
+                    final_deadline, no_slo)
+        n_met += m
+        ewma = 0.95 * ewma + 0.05 * (1.0 if m else 0.0)
+    return n_met, ewma
 
 
 @njit(**_JIT)

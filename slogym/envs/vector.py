@@ -12,6 +12,7 @@ follows Gymnasium's next-step convention.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Generator
 from typing import Any
 
@@ -39,27 +40,24 @@ class SlogymVectorEnv(VectorEnv):
         self.render_mode = None
         self._needs_reset = np.zeros(num_envs, dtype=bool)
         self._obs = create_empty_array(self.single_observation_space, num_envs)
-        self._evaluators: dict[int, BatchTimeEvaluator] = {}
+        self._evaluators: dict[str, BatchTimeEvaluator] = {}  # one per distinct engine (see _engine_key)
+        self._engine_keys: dict[int, tuple[Any, str]] = {}
 
     def reset(self, *, seed: int | list[int | None] | None = None,
               options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         seeds = seed if isinstance(seed, list) else [None if seed is None else seed + i for i in range(self.num_envs)]
         results = self._lockstep([env._reset_steps(s, defer_timing=True) for env, s in zip(self.envs, seeds)])
         self._needs_reset[:] = False
-        infos: dict[str, Any] = {}
-        for i, (_, info) in enumerate(results):
-            infos = self._add_info(infos, info, i)
-        obs = concatenate(self.single_observation_space, [o for o, _ in results], self._obs)
-        return obs, infos
+        return self._batch_obs([o for o, _ in results]), self._batch_infos([info for _, info in results])
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         steppers = [
             env._reset_steps(None, defer_timing=True) if self._needs_reset[i] else env._step_steps(actions[i])
             for i, env in enumerate(self.envs)
         ]
-        was_reset = self._needs_reset.copy()
+        was_reset = self._needs_reset.tolist()
         results = self._lockstep(steppers)
-        obs_list, infos = [], {}
+        obs_list, info_list = [], []
         rewards = np.zeros(self.num_envs)
         terms = np.zeros(self.num_envs, dtype=bool)
         truncs = np.zeros(self.num_envs, dtype=bool)
@@ -69,39 +67,70 @@ class SlogymVectorEnv(VectorEnv):
             else:
                 obs, rewards[i], terms[i], truncs[i], info = res
             obs_list.append(obs)
-            infos = self._add_info(infos, info, i)
+            info_list.append(info)
         self._needs_reset = terms | truncs
-        obs = concatenate(self.single_observation_space, obs_list, self._obs)
-        return obs, rewards, terms, truncs, infos
+        return self._batch_obs(obs_list), rewards, terms, truncs, self._batch_infos(info_list)
+
+    def _batch_obs(self, obs: list[Any]) -> Any:
+        """The sub-environments' observations stacked into the batch buffers (reused from step to step, as
+        Gymnasium's ``concatenate`` does; for ``Dict`` spaces one copy per key)."""
+        if isinstance(self._obs, dict):
+            for key, buf in self._obs.items():
+                buf[...] = [o[key] for o in obs]
+            return self._obs
+        return concatenate(self.single_observation_space, obs, self._obs)
+
+    def _batch_infos(self, infos: list[dict[str, Any]]) -> dict[str, Any]:
+        """Gymnasium's vector info layout (``key`` -> array over envs, ``_key`` -> which envs have it), as
+        ``VectorEnv._add_info`` env by env would build it: the scalar keys every env reports (the per-step info)
+        in one array each, the rest (the terminal ``summary``) through ``_add_info``."""
+        out: dict[str, Any] = {}
+        shared = []
+        for key, v in infos[0].items():
+            if (type(v) in (int, float, bool) or isinstance(v, np.number)) and \
+                    all(type(info.get(key)) is type(v) for info in infos):
+                out[key] = np.array([info[key] for info in infos], dtype=type(v))
+                out[f"_{key}"] = np.ones(self.num_envs, dtype=np.bool_)
+                shared.append(key)
+        for i, info in enumerate(infos):
+            if len(info) > len(shared):
+                out = self._add_info(out, {k: v for k, v in info.items() if k not in shared}, i)
+        return out
+
+    def _engine_key(self, engine: Any) -> str:
+        """Engines that time batches identically share a key, so the iterations of all sub-environments
+        (each builds its own engine object from the same preset) are timed in one call."""
+        seen = self._engine_keys.get(id(engine))
+        if seen is None:
+            spec = getattr(engine, "to_dict", None)  # an engine object without one is only equal to itself
+            key = json.dumps(spec(), sort_keys=True, default=repr) if spec else f"object {id(engine)}"
+            self._evaluators.setdefault(key, BatchTimeEvaluator(engine))
+            seen = self._engine_keys[id(engine)] = (engine, key)  # holding the engine keeps its id unique
+        return seen[1]
 
     def _lockstep(self, steppers: list[Generator[tuple, float, Any]]) -> list[Any]:
-        """Run every stepper to its end; their deferred iteration timings are answered in batched calls."""
+        """Run every stepper to its end; their deferred iteration timings are answered in batched calls (one
+        per engine)."""
         results: list[Any] = [None] * len(steppers)
-        pending: dict[int, tuple] = {}
-
-        def resume(i: int, value: float | None) -> None:
+        asks: dict[int, tuple] = {}  # stepper -> its pending ("time", instance, features)
+        for i, st in enumerate(steppers):
             try:
-                pending[i] = next(steppers[i]) if value is None else steppers[i].send(value)
+                asks[i] = next(st)
             except StopIteration as stop:
                 results[i] = stop.value
-                pending.pop(i, None)
-
-        for i in range(len(steppers)):
-            resume(i, None)
-        while pending:
-            by_engine: dict[int, list[int]] = {}
-            for i, (_, inst, _) in pending.items():
-                by_engine.setdefault(id(inst.engine), []).append(i)
-            answers: dict[int, float] = {}
-            for ids in by_engine.values():
-                engine = pending[ids[0]][1].engine
-                ev = self._evaluators.get(id(engine)) or self._evaluators.setdefault(id(engine),
-                                                                                      BatchTimeEvaluator(engine))
-                cols = np.array([tuple(pending[i][2]) for i in ids], dtype=np.int64).T
-                times = ev(BatchFeatures(*cols))
-                answers.update(zip(ids, times.tolist()))
-            for i, dt in answers.items():
-                resume(i, dt)
+        while asks:
+            by_engine: dict[str, list[int]] = {}
+            for i, (_, inst, _) in asks.items():
+                by_engine.setdefault(self._engine_key(inst.engine), []).append(i)
+            for key, ids in by_engine.items():
+                ev = self._evaluators[key]
+                cols = np.array([asks[i][2] for i in ids], dtype=np.int64).T
+                for i, dt in zip(ids, ev(BatchFeatures(*cols)).tolist()):
+                    try:
+                        asks[i] = steppers[i].send(dt)
+                    except StopIteration as stop:
+                        results[i] = stop.value
+                        del asks[i]
         return results
 
     def close_extras(self, **kwargs: Any) -> None:
