@@ -132,3 +132,79 @@ def test_expert_batch_beyond_K_raises_naming_the_requests():
     with pytest.raises(ValueError, match=r"not among the first K candidates"):
         for _ in range(200):  # some Sarathi batch soon holds more than 2 requests
             env.step(env.expert_action())
+
+
+def loaded_runs():
+    """Finished runs under overload with every served/unserved kind: SLO misses, best-effort demotions
+    (SLOs-Serve), rejections (HyperFlexis), in each attainment mode."""
+    from slogym.baselines import make_policy
+    from slogym.core.simulator import Simulator
+    from slogym.engines.registry import get_engine
+    from slogym.workloads.scenarios import make_workload
+
+    eng = get_engine("llama3-8b-h100")
+    for scenario, mode, policy in [("mixed", "dslo", "slos-serve"), ("polyserve-tiers", "strict", "hyperflexis"),
+                                   ("sa-mix", "mean_tpot", "vllm"), ("tempo-mix", "ttlt", "tempo")]:
+        w = make_workload(scenario, n_requests=240, seed=4, engine=eng)
+        rate = 6.0 if scenario == "sa-mix" else 4.0
+        yield Simulator(w.with_arrivals(w.arrival / rate), eng, make_policy(policy, eng), 1, seed=1,
+                        attainment=mode).run()
+
+
+def verdict_oracle(sim, mode: str) -> np.ndarray:
+    """slogym.core.metrics' SLO rules (module docstring) as whole-array NumPy expressions."""
+    from slogym.core.metrics import EPS
+    from slogym.core.state import Outcome
+
+    rs, w = sim.rs, sim.w
+    served = (rs.outcome == Outcome.FINISHED) | (rs.outcome == Outcome.BEST_EFFORT)
+    ttlt_ok = rs.finish - w.arrival <= w.ttlt + EPS
+    ttft_ok = rs.ttft_slack >= -EPS
+    ok = {"strict": ttft_ok & (rs.tpot_slack >= -EPS), "dslo": ttft_ok & (rs.dslo_slack >= -EPS),
+          "mean_tpot": ttft_ok & (rs.mean_slack >= -EPS),
+          "ttlt": rs.finish <= np.where(np.isfinite(w.ttlt), w.arrival + w.ttlt, rs.final_deadline) + EPS}[mode]
+    return served & (ok & ttlt_ok | w.best_effort)
+
+
+def test_slo_verdicts_and_env_credit_follow_the_rules():
+    from slogym.core.metrics import MODES, slo_verdicts, verdict_arrays
+
+    for sim in loaded_runs():
+        got = slo_verdicts(sim)
+        for m in MODES:
+            want = verdict_oracle(sim, m)
+            assert np.array_equal(got[m], want), m
+            assert 0 < want.sum() < len(want) or m != sim.attainment  # the runs' own modes mix hits and misses
+        idx = np.random.default_rng(0).permutation(len(sim.w))[:50]
+        met = verdict_oracle(sim, sim.attainment)[idx]
+        ewma = 0.3
+        for m in met.tolist():
+            ewma = 0.95 * ewma + 0.05 * float(m)
+        n_met, got_ewma = kernels.credit(idx, MODES.index(sim.attainment), 0.3, *verdict_arrays(sim))
+        assert (n_met, got_ewma) == (int(met.sum()), ewma)
+
+
+def test_run_summary_equals_its_pandas_definition_on_the_records():
+    """``run_summary`` (array-based, what the env's terminal step reports) against the summary's definition
+    on the per-request table, bit for bit."""
+    from slogym.core.metrics import MODES, run_summary
+
+    for sim in loaded_runs():
+        df, s = sim.result().records, run_summary(sim)
+        scored = df[~sim.w.best_effort]
+        served = df["outcome"].isin(("finished", "best_effort"))
+        span = max(sim.end_time - float(sim.w.arrival[0]), 1e-9)
+        assert s["attainment"] == scored["slo_met"].mean()
+        assert s["attainment_by_app"] == dict(scored.groupby("app")["slo_met"].mean().items())
+        assert s["attainment_by_tier"] == dict(scored.groupby("tier")["slo_met"].mean().items())
+        assert s["attainment_modes"] == {m: scored[f"slo_met_{m}"].mean() for m in MODES}
+        assert s["goodput"] == int(df["slo_met"].sum()) / span
+        assert s["throughput"] == float(served.sum()) / span
+        assert s["service_gain"] == df["service_gain"].sum()
+        assert s["sa_objective"] == s["attainment"] / df.loc[served, "ttlt"].mean()
+        assert s["outcomes"] == {k: int((df["outcome"] == k).sum()) for k in s["outcomes"]}
+        assert sum(s["outcomes"].values()) == len(df)
+        for col, name in (("ttft", "ttft"), ("mean_tpot", "tpot"), ("ttlt", "ttlt")):
+            x = df.loc[served, col].to_numpy()
+            x = x[np.isfinite(x)]
+            assert s[f"{name}_p90"] == np.percentile(x, 90) and s[f"{name}_mean"] == x.mean()
