@@ -344,16 +344,23 @@ class ServingEnv(gym.Env):
 
     def _load_inputs(self, insts: list[Instance]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """What :func:`slogym.envs.kernels.instance_load` reads about ``insts``: their running requests and
-        their waiting requests (each concatenated in instance order) and per instance ``(waiting, running,
-        free KV blocks, total KV blocks, max_num_seqs, id)``. Sizes the per-instance memos."""
+        their waiting requests (each concatenated in instance order) and, flat, per instance ``(waiting,
+        running, free KV blocks, total KV blocks, max_num_seqs, id)``. Sizes the per-instance memos."""
         flat: list[int] = []
-        for i in insts:
-            flat += (len(i.waiting), len(i.running), i.free_blocks, i.total_blocks, i.engine.max_num_seqs, i.id)
-        shape = np.array(flat, np.int64).reshape(len(insts), 6)
         if len(insts) == 1:
-            run, waiting = insts[0].running_array(), insts[0].waiting
+            i = insts[0]
+            run, waiting = i.running_array(), i.waiting
+            flat += (len(waiting), run.size, i.free_blocks, i.total_blocks, i.engine.max_num_seqs, i.id)
         else:
-            run, waiting = np.concatenate([i.running_array() for i in insts]), [x for i in insts for x in i.waiting]
+            runs: list[np.ndarray] = []
+            waiting = []
+            for i in insts:
+                r = i.running_array()
+                runs.append(r)
+                waiting += i.waiting
+                flat += (len(i.waiting), r.size, i.free_blocks, i.total_blocks, i.engine.max_num_seqs, i.id)
+            run = np.concatenate(runs)
+        shape = np.array(flat, np.int64)
         n_ids = len(self.sim.instances)
         if self._memo_t.size < n_ids:
             grow = n_ids - self._memo_t.size

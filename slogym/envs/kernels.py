@@ -137,7 +137,8 @@ def instance_load(I: np.ndarray, run: np.ndarray, wait: np.ndarray, shape: np.nd
                   memo_t: np.ndarray, clip: float, out: np.ndarray, stale: np.ndarray) -> int:
     """Fill ``out`` (float32, ``(k, 5)``) with the load features of ``k`` instances (``ServingEnv``'s
     ``INSTANCE_FEATURES``, clipped): instance ``i`` has ``shape[i] = (waiting, running, free KV blocks, total
-    KV blocks, max_num_seqs, id)``, its waiting requests next in ``wait`` and its running ones next in ``run``.
+    KV blocks, max_num_seqs, id)`` at ``shape[6 i: 6 i + 6]``, its waiting requests next in ``wait`` and its
+    running ones next in ``run``.
 
     The decode-step time of instance ``id`` (a pure function of its running count and context) is remembered
     in ``memo_nc[id]`` / ``memo_t[id]``: where they no longer match, ``memo_nc`` is updated, ``stale[i]`` set
@@ -145,9 +146,8 @@ def instance_load(I: np.ndarray, run: np.ndarray, wait: np.ndarray, shape: np.nd
     n_stale = 0
     w0 = 0
     r0 = 0
-    for i in range(shape.shape[0]):
-        n_wait, n_run, free, total, max_seqs, inst = (shape[i, 0], shape[i, 1], shape[i, 2], shape[i, 3], shape[i, 4],
-                                                      shape[i, 5])
+    for i in range(shape.size // 6):
+        n_wait, n_run, free, total, max_seqs, inst = shape[6 * i: 6 * i + 6]
         queue = 0
         for j in range(w0, w0 + n_wait):
             queue += I[wait[j], I_NT] - I[wait[j], I_NC]

@@ -113,6 +113,7 @@ class SlogymVectorEnv(VectorEnv):
         per engine)."""
         results: list[Any] = [None] * len(steppers)
         asks: dict[int, tuple] = {}  # stepper -> its pending ("time", instance, features)
+        keys = self._engine_keys
         for i, st in enumerate(steppers):
             try:
                 asks[i] = next(st)
@@ -121,7 +122,8 @@ class SlogymVectorEnv(VectorEnv):
         while asks:
             by_engine: dict[str, list[int]] = {}
             for i, (_, inst, _) in asks.items():
-                by_engine.setdefault(self._engine_key(inst.engine), []).append(i)
+                seen = keys.get(id(inst.engine))
+                by_engine.setdefault(seen[1] if seen else self._engine_key(inst.engine), []).append(i)
             for key, ids in by_engine.items():
                 ev = self._evaluators[key]
                 cols = np.array([asks[i][2] for i in ids], dtype=np.int64).T
