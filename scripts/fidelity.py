@@ -49,7 +49,7 @@ from slogym.core.batch import BatchFeatures
 from slogym.core.instance import Instance
 from slogym.engines.live import EngineConfig, LiveSimulator, VLLMEngine, live_spec, make_tiny_model
 from slogym.engines.live.client import TIMINGS
-from slogym.engines.profiler import ProfileGrid, aggregate, profile, repeat_noise
+from slogym.engines.profiler import ProfileGrid, aggregate, profile, repeat_ratios
 
 ROOT = Path(__file__).resolve().parents[1]
 AZURE = ROOT.parent / "shared" / "traces" / "azure_conv_2023.csv.gz"
@@ -89,14 +89,39 @@ def noise_floor(df: pd.DataFrame) -> float:
     return float(np.mean(np.abs(df["time_s"] / med - 1.0)) * 100.0)
 
 
-def live_noise(iterations: list[pd.DataFrame], min_repeats: int = 5) -> float:
-    """Mean |t / median - 1| (%) over live iterations whose batch (all features) occurred at least
-    ``min_repeats`` times in the replays: the noise floor measured on the evaluated runs themselves."""
+def same_batch_ratios(iterations: list[pd.DataFrame], min_repeats: int = 5) -> np.ndarray:
+    """t / median of live iterations whose batch (all features) occurred at least ``min_repeats`` times in the
+    replays: their measurement noise, free of any model error."""
     it = pd.concat(iterations, ignore_index=True)
     g = it.groupby(list(BatchFeatures._fields))["time_s"]
     keep = (g.transform("size") >= min_repeats).to_numpy()
-    t, med = it["time_s"].to_numpy()[keep], g.transform("median").to_numpy()[keep]
-    return float(np.mean(np.abs(t / med - 1.0)) * 100.0) if keep.any() else float("nan")
+    return it["time_s"].to_numpy()[keep] / g.transform("median").to_numpy()[keep]
+
+
+class NoisySim(Simulator):
+    """The simulator with every iteration time multiplied by a factor drawn from ``ratios`` (scaled to mean 1):
+    what per-iteration measurement noise of the live engine's size does to per-request metrics by itself."""
+
+    def __init__(self, *args: Any, ratios: np.ndarray, seed: int, **kw: Any) -> None:
+        self._ratios, self._noise = ratios / ratios.mean(), np.random.default_rng(seed)
+        super().__init__(*args, **kw)
+
+    def iteration_time(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, spec: np.ndarray | None,
+                       features: BatchFeatures) -> float:
+        factor = float(self._ratios[self._noise.integers(self._ratios.size)])
+        return super().iteration_time(inst, idx, tok, spec, features) * factor
+
+
+def noise_only_error(w: Workload, spec: EngineSpec, policy: str, plan_spec: EngineSpec, ratios: np.ndarray,
+                     seed: int) -> dict[str, float]:
+    """Median per-request error (%) of the simulator with live-sized iteration noise against the noiseless
+    simulator: the part of the live-vs-simulated error that noise alone explains."""
+    if ratios.size == 0:
+        return {}
+    base = Simulator(w, spec, make_policy(policy, engine=plan_spec)).run().result().records
+    noisy = NoisySim(w, spec, make_policy(policy, engine=plan_spec), ratios=ratios, seed=seed).run().result().records
+    return {f"noise_only_{m}_median_rel_err": float(np.median(rel_err(noisy[c], base[c])) * 100.0)
+            for m, c in (("ttft", "ttft"), ("tpot", "mean_tpot"), ("ttlt", "ttlt"))}
 
 
 class _Batches:
@@ -216,6 +241,8 @@ def pooled(per: dict[str, dict[str, Any]]) -> dict[str, Any]:
         e = np.concatenate([p["_errs"][m] for p in per.values()])
         out[f"{m}_median_rel_err"] = float(np.median(e) * 100.0)
         out[f"{m}_p90_rel_err"] = float(np.percentile(e, 90) * 100.0)
+    for k in [k for k in next(iter(per.values())) if k.startswith("noise_only_")]:
+        out[k] = float(np.mean([p[k] for p in per.values()]))  # mean over policies
     first = next(iter(per.values()))
     out["attainment_live"], out["attainment_sim"] = first["attainment_live"], first["attainment_sim"]
     return out
@@ -253,10 +280,10 @@ def main(argv: list[str] | None = None) -> int:
                          "the default: shared machines; see EngineConfig)")
     ap.add_argument("--noise-repeats", type=int, default=100,
                     help="back-to-back repeats of one batch per kind for the noise floor (0: skip)")
-    ap.add_argument("--calibrate", type=int, default=300, metavar="N",
+    ap.add_argument("--calibrate", type=int, default=0, metavar="N",
                     help="also fit on the live iterations of each policy replaying the NEXT N requests of the trace "
-                         "(disjoint from the evaluated window); the profile-only fit is reported beside it as "
-                         "profile_only (0: profile only)")
+                         "(disjoint from the evaluated window); the profile-only fit is then reported beside it as "
+                         "profile_only (default 0: profile only; see docs/live_engine.md for why)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--save", metavar="DIR", help="write profile.csv, preset.json and the runs' records here")
     ap.add_argument("--json", action="store_true")
@@ -276,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
                                  cfg.max_model_len, quick=args.quick)
         pre = profile(engine, grid, repeats=args.repeats, warm=args.warm_shapes, seed=args.seed,
                       measure=args.measure)
-        noise = repeat_noise(engine, args.noise_repeats) if args.noise_repeats > 0 else {}
+        b2b = repeat_ratios(engine, args.noise_repeats) if args.noise_repeats > 0 else {}
+        noise = {k: float(np.mean(np.abs(r - 1.0)) * 100.0) for k, r in b2b.items()}
         plan_spec = live_spec(cfg, fit_profile_medians(pre, args.family, args.seed)[0])  # what planning policies see
         calib = []
         if args.calibrate > 0:
@@ -305,9 +333,14 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{f} {v:.1f}%" for f, v in cands.items()) + f"; using {family}")
     per: dict[str, dict[str, Any]] = {}
     per0: dict[str, dict[str, Any]] = {}
+    same = same_batch_ratios([lv.iteration_records() for lv in lives.values()])
+    # the injected noise: the replays' own repeated batches, or (near saturation few batches repeat) the
+    # back-to-back repeats measured in the same run
+    inject, inject_src = ((same, "live_same_batch") if same.size >= 200 or not b2b else
+                          (np.concatenate(list(b2b.values())), "back_to_back"))
     for name, live in lives.items():
         sim = RecordingSim(w, spec, make_policy(name, engine=plan_spec)).run()
-        per[name] = compare(live, sim, spec)
+        per[name] = compare(live, sim, spec) | noise_only_error(w, spec, name, plan_spec, inject, args.seed)
         if calib:
             per0[name] = compare(live, RecordingSim(w, spec0, make_policy(name, engine=plan_spec)).run(), spec0)
         if args.save:
@@ -326,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
                          "profile_holdout_mape": report["holdout_mape_pct"], "holdout_by_family": cands,
                          "noise_floor_mape": noise_floor(prof),
                          "noise_back_to_back": noise, "profile_drift_pct": profile_drift(pre, post),
-                         "noise_live_same_batch": live_noise([lv.iteration_records() for lv in lives.values()]),
+                         "noise_live_same_batch": float(np.mean(np.abs(same - 1.0)) * 100.0) if same.size else None,
+                         "noise_live_same_batch_n": int(same.size), "noise_only_source": inject_src,
                          "timing": args.timing, "rate": args.rate, "warm_shapes": args.warm_shapes, "workload": src,
                          "requests": len(w), "calibration_requests": args.calibrate if calib else 0,
                          "served_rows": 0 if served is None else len(served),
@@ -354,7 +388,11 @@ def main(argv: list[str] | None = None) -> int:
     print("(errors in %; pooled over policies: " + ", ".join(f"{k} {res[k]:.1f}" for k in
                                                           ("iteration_mape", "ttft_median_rel_err",
                                                            "tpot_median_rel_err", "ttlt_median_rel_err")) + ")")
-    print(f"noise floor on the live replays (same batch, >= 5 times): {res['noise_live_same_batch']:.1f}%")
+    print(f"noise floor on the live replays (same batch, >= 5 times): {res['noise_live_same_batch']}% over "
+          f"{res['noise_live_same_batch_n']} iterations; "
+          "noise alone (simulator with that noise vs without), median: " + ", ".join(
+              f"{m} {res[f'noise_only_{m}_median_rel_err']:.1f}%" for m in ("ttft", "tpot", "ttlt")
+              if f"noise_only_{m}_median_rel_err" in res))
     if per0:
         p0 = res["profile_only"]
         print(f"fitted on the profile only ({p0['family']}): " + ", ".join(

@@ -271,6 +271,31 @@ def test_profile_fit_simulate(engine: VLLMEngine, tmp_path: Any) -> None:
     assert res.summary["attainment"] >= 0.0
 
 
+def test_profile_measures_each_batch_after_a_decode_step(engine: VLLMEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The step before a measured prefill is a one-token decode of a request outside the batch; before a measured
+    mixed batch, its decode batch alone (first chunks) or with the prompt's first chunk (continuations)."""
+    from slogym.engines.profiler import ProfileGrid, profile
+
+    plans: list[list[tuple[int, int, int, int]]] = []
+    step = engine.step
+    monkeypatch.setattr(engine, "step", lambda plan, **kw: plans.append(list(plan)) or step(plan, **kw))
+    grid = ProfileGrid(prefill=[(2, 16)], mixed=[(2, 32, 16, 0), (2, 32, 16, 32)])
+    df = profile(engine, grid, repeats=1, warmup=1, measure=1)
+    assert len(df) == 3 and engine.abort([]) == engine.config.num_blocks
+    prefills = [k for k, p in enumerate(plans) if [(n, nc) for _, n, nc, _ in p] == [(16, 0), (16, 0)]]
+    assert len(prefills) == 2  # warm-up + measured
+    for k in prefills:
+        (rid, n, nc, _), = plans[k - 1]
+        assert n == 1 and nc > 0 and rid not in {r for r, *_ in plans[k]}
+    mixed = [k for k, p in enumerate(plans) if len(p) == 3 and p[-1][1] == 16]
+    assert len(mixed) == 4
+    for k in mixed:
+        decodes, (chunk_rid, _, past, _) = plans[k][:2], plans[k][2]
+        before = plans[k - 1]
+        assert [(r, n) for r, n, *_ in before[:2]] == [(r, 1) for r, *_ in decodes]
+        assert before[2:] == ([] if past == 0 else [(chunk_rid, 32, 0, 49)])
+
+
 def test_norm_timing_and_noise_floor(engine: VLLMEngine) -> None:
     from slogym.engines.profiler import repeat_noise
 

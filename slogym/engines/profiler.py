@@ -57,10 +57,10 @@ class ProfileGrid:
             bs, ls = bs[::2], ls[1::3]
         prefill = [(b, n) for b in bs for n in ls if b * n <= max_tokens and b * (n + 1) <= kv_tokens]
         ctx = [n for n in ls if n >= 16]
-        decode = [(b, n) for b in bs for n in ctx if b * (n + 8) <= kv_tokens]
+        decode = [(b, n) for b in bs for n in ctx if b * (n + 16) <= kv_tokens]
         chunks = [c for c in (32, 128, 512, 1024) if c <= max_tokens // 2][:: 2 if quick else 1]
         mixed = [(b, n, c, past) for b in bs[1::2] for n in ctx[::2] for c in chunks for past in (0, 2 * c)
-                 if b * (n + 8) + past + 4 * c + 1 <= kv_tokens and b + c <= max_tokens and b < max_seqs
+                 if b * (n + 16) + past + 4 * c + 1 <= kv_tokens and b + c <= max_tokens and b < max_seqs
                  and past + 4 * c < max_len]
         return cls(prefill, decode, mixed)
 
@@ -147,10 +147,17 @@ def warm_shapes(engine: VLLMEngine, upto: int | None = None) -> None:
 
 def repeat_noise(engine: VLLMEngine, n: int = 100, batch: int = 16, context: int = 256,
                  chunk: int = 128) -> dict[str, float]:
-    """The measurement-noise floor: ``n`` back-to-back repeats of one decode batch (``batch`` requests at
-    ``context``), one prefill of ``chunk`` tokens and one mixed batch (both together); for each, the mean
-    ``|t / median - 1|`` in % of the engine's iteration time (its ``timing``). No perf model can have a smaller
-    per-iteration error than this on the same machine at the same moment."""
+    """The measurement-noise floor: for each kind of :func:`repeat_ratios`, the mean ``|t / median - 1|`` in %
+    of the engine's iteration time (its ``timing``). No perf model can have a smaller per-iteration error than
+    this on the same machine at the same moment."""
+    return {k: float(np.mean(np.abs(r - 1.0)) * 100.0)
+            for k, r in repeat_ratios(engine, n, batch, context, chunk).items()}
+
+
+def repeat_ratios(engine: VLLMEngine, n: int = 100, batch: int = 16, context: int = 256,
+                  chunk: int = 128) -> dict[str, np.ndarray]:
+    """``n`` back-to-back repeats of one decode batch (``batch`` requests at ``context``), one prefill of
+    ``chunk`` tokens and one mixed batch (both together); for each kind, every repeat's time / their median."""
     cfg = engine.config
     need = context + 2 * n + 4  # tokens each decoding request reaches
     if (n < 1 or need > cfg.max_model_len or batch * need + 2 * chunk > cfg.num_blocks * cfg.block_size
@@ -159,11 +166,11 @@ def repeat_noise(engine: VLLMEngine, n: int = 100, batch: int = 16, context: int
                          f"engine (max_model_len={cfg.max_model_len}, KV {cfg.num_blocks}x{cfg.block_size}, "
                          f"max_num_seqs={cfg.max_num_seqs}, max_num_batched_tokens={cfg.max_num_batched_tokens})")
     d = _Driver(engine)
-    out: dict[str, float] = {}
+    out: dict[str, np.ndarray] = {}
 
-    def spread(times: list[float]) -> float:
+    def spread(times: list[float]) -> np.ndarray:
         t = np.asarray(times)
-        return float(np.mean(np.abs(t / np.median(t) - 1.0)) * 100.0)
+        return t / np.median(t)
 
     def prefill_once() -> float:
         p = d.new(chunk, 1)
@@ -205,7 +212,8 @@ def profile(engine: VLLMEngine, grid: ProfileGrid | None = None, repeats: int = 
         grid = ProfileGrid.app_a(cfg.max_num_seqs, cfg.max_num_batched_tokens, kv_tokens, cfg.max_model_len)
     if repeats < 1 or warmup < 0 or measure < 1 or measure % 2 == 0 or warmup + measure > 7:
         raise ValueError(f"repeats={repeats} must be >= 1, warmup={warmup} >= 0, measure={measure} odd >= 1 and "
-                         "warmup + measure <= 7 (the grid reserves 8 KV tokens per decoding request)")
+                         "warmup + measure <= 7 (a mixed visit takes two decode tokens per iteration; the grid "
+                         "reserves 16 KV tokens per decoding request)")
     if warm:
         if progress is not None:
             progress(f"warming up batch shapes 1..{cfg.max_num_batched_tokens} tokens")
@@ -229,7 +237,16 @@ def profile(engine: VLLMEngine, grid: ProfileGrid | None = None, repeats: int = 
 def _visit(d: _Driver, kind: str, point: tuple[int, ...], warmup: int, measure: int,
            budget: int) -> tuple[float, BatchFeatures, dict[str, float]]:
     """``warmup`` + ``measure`` iterations of one composition from an empty engine; returns the measured ones'
-    median time, the middle one's features and the medians of their raw ``cpu_s`` and ``speed``."""
+    median time, the middle one's features and the medians of their raw ``cpu_s`` and ``speed``.
+
+    Every iteration is preceded by the step that precedes it in serving: a decode step. A prefill batch follows
+    a one-token decode step of a resident request (not in the measured batch; none when the batch already has
+    ``max_num_seqs`` prompts), as in vLLM's schedule where a prefill interrupts running decodes; a mixed batch
+    follows a decode step of its own decode batch (a continuation chunk: the mixed step with its first chunk),
+    as under chunked prefill. Why: an iteration's ``norm`` time depends on the step before it -- the reference
+    kernel sampled right before the step runs slower after a big prefill -- so prefills measured back to back
+    came out 4-18 % cheaper than the same prefill after a decode step (raw CPU time within 1-5 %), and the
+    fitted model was 9-17 % low on the live engine's prefill-only and mixed batches."""
     steps: list[tuple[float, BatchFeatures]] = []
     raw: list[tuple[float, float]] = []
 
@@ -237,24 +254,30 @@ def _visit(d: _Driver, kind: str, point: tuple[int, ...], warmup: int, measure: 
         steps.append(d.step(items))
         raw.append((float(d.last["cpu_s"]), float(d.last["speed"])))
 
+    iters = warmup + measure
     if kind == "prefill":
         b, n = point
-        for _ in range(warmup + measure):
+        ctx = [d.new(16, iters + 2)] if b < d.engine.config.max_num_seqs else []
+        d.prefill_all(ctx, budget)
+        for _ in range(iters):
+            if ctx:
+                d.step([(ctx[0], 1)])
             rids = [d.new(n, 1) for _ in range(b)]
             step([(r, n) for r in rids])
-            d.release()
+            d.release(rids)
+        d.release()
         return _median_step(steps[warmup:], raw[warmup:])
     b, n = point[0], point[1]
-    rids = [d.new(n, warmup + measure + 2) for _ in range(b)]
-    d.prefill_all(rids, budget)
     chunk, past = (point[2], point[3]) if kind == "mixed" else (0, 0)
-    for _ in range(warmup + measure):
+    rids = [d.new(n, 2 * iters + 2) for _ in range(b)]
+    d.prefill_all(rids, budget)
+    for _ in range(iters):
         items = [(r, 1) for r in rids]
         if chunk:
             p = d.new(past + chunk + 1, 1)
-            if past:  # an unmeasured first chunk, so the measured one continues the prompt
-                d.step([(p, past)])
-            items.append((p, chunk))
+            # the step before: the decode batch alone, or with the prompt's first chunk (a continuation follows it)
+            d.step(items + ([(p, past)] if past else []))
+            items = [(r, 1) for r in rids] + [(p, chunk)]
         step(items)
         if chunk:
             d.release([p])
