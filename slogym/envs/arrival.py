@@ -142,7 +142,9 @@ class RoutingEnv(ArrivalEnv):
         self._since = np.zeros(self.n_instances, np.float32)
 
     def _observe(self) -> dict[str, np.ndarray]:
-        return super()._observe() | {"placed_since": np.minimum(self._since / self.n_instances, CLIP)}
+        obs = super()._observe()
+        obs["placed_since"] = np.minimum(self._since / self.n_instances, CLIP)
+        return obs
 
     def action_masks(self) -> np.ndarray:
         entry = np.zeros(len(self.sim.instances), bool)

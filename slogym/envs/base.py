@@ -258,7 +258,7 @@ class ServingEnv(gym.Env):
         # per instance id: (running count, context) of the last decode-step time computed, and that time
         self._memo_nc = np.full((0, 2), -1, np.int64)
         self._memo_t = np.zeros(0)
-        self._stale = np.zeros(0, np.bool_)  # scratch: instances whose decode-step time the kernel left to us
+        self._stale = np.zeros((0, 3), np.int64)  # scratch: instances whose decode-step time the kernel left
         w = sim.w
         q = self.predictor.predict(w.app)
         # the request part of arrival observations depends on the request alone: one row per request
@@ -334,12 +334,12 @@ class ServingEnv(gym.Env):
         obs = {"request": np.empty(8, f32), "app": np.empty(self.n_apps, f32), "tier": np.empty(self.n_tiers, f32),
                "instances": np.empty((len(insts), len(INSTANCE_FEATURES)), f32),
                "slack": np.empty((len(insts), self.n_tiers), f32), "recent": np.empty(2, f32)}
-        if kernels.arrival_observation(
+        if n := kernels.arrival_observation(
                 r, self._request_rows, w.app, w.tier, self._ewma, sim._n_done / max(len(w), 1), rs.I, rs.F, rs.stage,
                 rs.ready, w.stage_kind, w.stage_ttft, DECODE, rs.slot, run, wait, shape, self._memo_nc, self._memo_t,
                 now, CLIP, obs["request"], obs["app"], obs["tier"], obs["recent"], obs["instances"], obs["slack"],
                 self._stale):
-            self._time_stale(insts, obs["instances"])
+            self._time_stale(insts, obs["instances"], n)
         return obs
 
     def _load_inputs(self, insts: list[Instance]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -366,18 +366,17 @@ class ServingEnv(gym.Env):
             grow = n_ids - self._memo_t.size
             self._memo_nc = np.concatenate((self._memo_nc, np.full((grow, 2), -1, np.int64)))
             self._memo_t = np.concatenate((self._memo_t, np.zeros(grow)))
-            self._stale = np.zeros(n_ids, np.bool_)
+            self._stale = np.zeros((n_ids, 3), np.int64)
         return run, np.array(waiting, np.int64), shape
 
-    def _time_stale(self, insts: list[Instance], out: np.ndarray) -> None:
-        """Time a decode step of every running request on the instances the kernel flagged (``_stale``) and
-        write it to ``out[:, 4]`` (clipping before or after the float32 cast gives the same value)."""
-        for k, inst in enumerate(insts):
-            if self._stale[k]:
-                n, ctx = self._memo_nc[inst.id].tolist()
-                t = inst.time_one(BatchFeatures(0, 0, 0, 0, n, n, ctx, ctx, 0))
-                self._memo_t[inst.id] = t
-                out[k, 4] = min(max(t / 0.1, -CLIP), CLIP)
+    def _time_stale(self, insts: list[Instance], out: np.ndarray, n: int) -> None:
+        """Time a decode step of every running request on the ``n`` instances the kernel listed in ``_stale``
+        and write it to ``out[:, 4]`` (clipping before or after the float32 cast gives the same value)."""
+        for k, n_run, ctx in self._stale[:n].tolist():
+            inst = insts[k]
+            t = inst.time_one(BatchFeatures(0, 0, 0, 0, n_run, n_run, ctx, ctx, 0))
+            self._memo_t[inst.id] = t
+            out[k, 4] = min(max(t / 0.1, -CLIP), CLIP)
 
     def _instance_features(self, insts: list[Instance]) -> np.ndarray:
         """``(len(insts), 5)`` load features, clipped: waiting prefill tokens / 8192, waiting count / 64,
@@ -386,9 +385,9 @@ class ServingEnv(gym.Env):
         function of those features)."""
         run, wait, shape = self._load_inputs(insts)
         out = np.empty((len(insts), len(INSTANCE_FEATURES)), np.float32)
-        if kernels.instance_load(self.sim.rs.I, run, wait, shape, self._memo_nc, self._memo_t, CLIP, out,
-                                 self._stale):
-            self._time_stale(insts, out)
+        if n := kernels.instance_load(self.sim.rs.I, run, wait, shape, self._memo_nc, self._memo_t, CLIP, out,
+                                      self._stale):
+            self._time_stale(insts, out, n)
         return out
 
     def _arrival_space(self) -> spaces.Dict:

@@ -141,8 +141,9 @@ def instance_load(I: np.ndarray, run: np.ndarray, wait: np.ndarray, shape: np.nd
     running ones next in ``run``.
 
     The decode-step time of instance ``id`` (a pure function of its running count and context) is remembered
-    in ``memo_nc[id]`` / ``memo_t[id]``: where they no longer match, ``memo_nc`` is updated, ``stale[i]`` set
-    and ``out[i, 4]`` left for the caller to time. Returns how many are stale."""
+    in ``memo_nc[id]`` / ``memo_t[id]``: where they no longer match, ``memo_nc`` is updated, ``(i, running,
+    context)`` appended to ``stale`` (``(k, 3)``) and ``out[i, 4]`` left for the caller to time. Returns how
+    many are stale."""
     n_stale = 0
     w0 = 0
     r0 = 0
@@ -160,7 +161,6 @@ def instance_load(I: np.ndarray, run: np.ndarray, wait: np.ndarray, shape: np.nd
         out[i, 1] = _clip32(n_wait / 64.0, clip)
         out[i, 2] = _clip32(n_run / float(max_seqs), clip)
         out[i, 3] = _clip32(1.0 - free / total if total else 1.0, clip)
-        stale[i] = False
         if n_run == 0:
             out[i, 4] = 0.0
         elif memo_nc[inst, 0] == n_run and memo_nc[inst, 1] == ctx:
@@ -168,7 +168,9 @@ def instance_load(I: np.ndarray, run: np.ndarray, wait: np.ndarray, shape: np.nd
         else:
             memo_nc[inst, 0] = n_run
             memo_nc[inst, 1] = ctx
-            stale[i] = True
+            stale[n_stale, 0] = i
+            stale[n_stale, 1] = n_run
+            stale[n_stale, 2] = ctx
             n_stale += 1
     return n_stale
 
