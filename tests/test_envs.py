@@ -170,6 +170,54 @@ def test_native_vector_env_equals_independent_envs(env_id, kw):
         ended = term | trunc
 
 
+def _same_info(a, b) -> bool:
+    """Equal vector infos, apart from the wall-clock fields of summaries (two runs never share those)."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_info(a[k], b[k]) for k in a
+                                            if k not in ("wall_seconds", "requests_per_wall_second"))
+    if isinstance(a, np.ndarray) and a.dtype == object:
+        return a.shape == b.shape and all(_same_info(x, y) for x, y in zip(a.tolist(), b.tolist()))
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and np.array_equal(a, b, equal_nan=True)
+    return a == b or (a != a and b != b)
+
+
+def test_native_vector_env_infos_and_batched_timing():
+    """The vector infos have Gymnasium's ``_add_info`` layout (summary included when a sub-env ends), and the
+    iterations of all sub-environments are timed together (one evaluator for their equal engines)."""
+    from slogym.engines.arrays import BatchTimeEvaluator
+
+    n = 4
+    sizes: list[int] = []
+    call = BatchTimeEvaluator.__call__
+
+    def counting(self, f):
+        sizes.append(len(f.decode_seqs))
+        return call(self, f)
+
+    venv = gym.make_vec("slogym/Admission-v0", num_envs=n, vectorization_mode="vector_entry_point", **SMALL)
+    envs = [gym.make("slogym/Admission-v0", **SMALL) for _ in range(n)]
+    venv.reset(seed=4)
+    for i, e in enumerate(envs):
+        e.reset(seed=4 + i)
+    BatchTimeEvaluator.__call__ = counting
+    try:
+        ended, n_summaries = np.zeros(n, bool), 0
+        for _ in range(90):
+            _, _, term, trunc, infos = venv.step(np.zeros(n, np.int64))
+            want: dict = {}
+            for i, e in enumerate(envs):
+                info = e.reset()[1] if ended[i] else e.step(0)[4]
+                n_summaries += "summary" in info
+                want = venv.unwrapped._add_info(want, info, i)
+            assert _same_info(infos, want)
+            ended = term | trunc
+    finally:
+        BatchTimeEvaluator.__call__ = call
+    assert n_summaries >= n  # every sub-env finished an episode: the summary path was compared too
+    assert len(venv.unwrapped._evaluators) == 1 and max(sizes) == n
+
+
 def test_sync_vector_env_runs():
     venv = gym.make_vec("slogym/Admission-v0", num_envs=2, vectorization_mode="sync", **SMALL)
     obs, _ = venv.reset(seed=0)
