@@ -11,7 +11,8 @@ import pytest
 
 from helpers import assert_runs_equal
 from slogym.baselines import make_policy
-from slogym.baselines.polyserve import (POLICIES, dynamic_chunk, dynamic_chunk_time, future_kv_peak,
+from slogym.baselines import polyserve_kernels as pk
+from slogym.baselines.polyserve import (POLICIES, dynamic_chunk, future_kv_peak, prefill_profile_table,
                                         profile_table)
 from slogym.core.batch import BatchFeatures
 from slogym.core.policy import DEFER
@@ -271,10 +272,36 @@ def test_dynamic_chunking_rule() -> None:
         chunks.append(c)
         left -= c
     assert chunks == [1024, 1026]
-    table = profile_table(ENGINE)
-    t = dynamic_chunk_time(table, np.array([300, 2050, 5000]), 1024)
-    assert t[1] == pytest.approx(float(table.time(np.array([1024, 1026]), np.zeros(2, np.int64)).sum()))
-    assert t[2] == pytest.approx(float(table.time(np.array([1024, 1024, 1024, 1928]), np.zeros(4, np.int64)).sum()))
+    # the prediction forms the same iterations, each at its chunk's past KV (prefill attention, §4.5)
+    pt = prefill_profile_table(ENGINE)
+    fin = np.full(1, -1.0)
+    pk.prefill_finish(np.array([2050]), np.array([0]), 1024, 256, 1.0, pt.tokens, pt.kv, pt.times, fin)
+    assert fin[0] == pytest.approx(1.0 + pt.time_one(1024, 0) + pt.time_one(1026, 1024))
+    assert pt.time_one(1024, 13_000) > 1.3 * pt.time_one(1024, 0)  # attention over a long past is not negligible
+
+
+def _edf_case(slack_a: float, due_b: float) -> tuple[bool, float, float]:
+    """A prefill instance holding prompt A (4096 tokens, due ``slack_a`` after its predicted end alone); B
+    (512 tokens, due ``due_b``, before A) arrives. Returns B's admission, B's predicted first token and A's
+    end alone."""
+    pt = prefill_profile_table(ENGINE)
+    fin = np.full(1, -1.0)
+    pk.prefill_finish(np.array([4096]), np.array([0]), 1024, 256, 0.0, pt.tokens, pt.kv, pt.times, fin)
+    a_alone = float(fin[0])
+    ok, first = pk.prefill_admits(np.array([512, 4096]), np.array([0, 0]), np.array([due_b, a_alone + slack_a]), 0,
+                                  1024, 256, 0.0, pt.tokens, pt.kv, pt.times)
+    return ok, first, a_alone
+
+
+def test_prefill_admission_is_edf_consistent() -> None:
+    """§4.2 runs the prefill queue by TTFT deadline: a tighter newcomer waits only for prompts due before it,
+    and may not push an admitted prompt past its deadline (unless that one was already late)."""
+    ok, first, a_alone = _edf_case(slack_a=0.1, due_b=0.05)
+    assert ok and first < 0.05 < a_alone    # B jumps the queue: counting all queued tokens would reject it
+    ok, first, _ = _edf_case(slack_a=0.001, due_b=0.05)
+    assert not ok and first < 0.05          # B alone would be on time, but A (on time without B) turns late
+    ok, _, _ = _edf_case(slack_a=-0.01, due_b=0.05)
+    assert ok                               # A is late anyway: it cannot veto B
 
 
 @needs_pd
@@ -323,3 +350,21 @@ def test_pd_every_request_one_outcome_and_no_looser_decode_host(name: str) -> No
                          for r, _ in hosts)
     if name == "polyserve-pd":
         assert all(label <= fleet.rtier[r] for r, label in hosts if fleet.rtier[r] < fleet.n_tiers)
+
+
+@needs_pd
+def test_pd_prefill_prediction_matches_the_simulated_prefill() -> None:
+    """The replayed prefill queue (deadline order, dynamic chunks, prefill profile with its past-KV axis) predicts
+    when each prompt of a burst gets its first token, within the table's interpolation error."""
+    # the first arrival starts the idle instance at once (the tightest: it would go first anyway); the rest queue
+    prompts, ttfts = [1500, 3000, 700, 5000, 9000, 2600], [1.5, 4.0, 2.0, 5.0, 6.0, 3.0]
+    w = Workload.from_requests([Request(0.0, [prefill(p, t), decode(4, 0.1)]) for p, t in zip(prompts, ttfts)])
+    sim = Simulator(w, ENGINE, make_policy("polyserve-pd", ENGINE), pd=(1, 1)).run()
+    order = np.argsort(ttfts, kind="stable")
+    pt, fin = prefill_profile_table(ENGINE), np.full(len(prompts), -1.0)
+    pk.prefill_finish(np.array(prompts)[order], np.zeros(len(prompts), np.int64), 1024, 256, 0.0, pt.tokens, pt.kv,
+                      pt.times, fin)
+    actual = sim.result().records.ttft.values[order]
+    assert (sim.rs.outcome == Outcome.FINISHED).all()
+    assert np.diff(actual).min() > 0                      # served in TTFT-deadline order
+    assert np.abs(fin / actual - 1).max() < 0.05

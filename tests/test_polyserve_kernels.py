@@ -1,6 +1,6 @@
 """PolyServe's compiled loops (slogym.baselines.polyserve_kernels) against their NumPy / Python definitions: the
 profile table and its inverse, the fleet row refresh and insertion, the future KV peak, the deadline order, the
-one-pass routing rule; and fast-forwarding once the fleet is settled changes no result."""
+one-pass routing rule, the PD prefill queue replay; and fast-forwarding once the fleet is settled changes no result."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from helpers import FF_FIELDS, assert_runs_equal
 from slogym.baselines import make_policy
 from slogym.baselines import polyserve_kernels as pk
-from slogym.baselines.polyserve import POLICIES, profile_table
+from slogym.baselines.polyserve import POLICIES, ProfileTable, prefill_profile_table, profile_table
 from slogym.core.request import Request, Workload, decode, prefill
 from slogym.core.simulator import Simulator
 from slogym.core.state import I_GEN, I_NC, I_NT
@@ -189,3 +189,44 @@ def test_steady_only_once_settled_and_fast_forward_changes_nothing(name: str) ->
         if ff:
             assert sim.ff_iterations > 0
     assert_runs_equal(runs[True], runs[False], ignore=FF_FIELDS)
+
+
+# ---------------------------------------------------------------------------------------------- PD prefill queue
+def _prefill_ends(left: list[int], past: list[int], budget: int, max_seqs: int, t0: float,
+                  pt: ProfileTable) -> list[float]:
+    """Iteration by iteration, as ``PolyScheduler._prefill_batch`` forms them: prompts in order, each taking
+    ``dynamic_chunk`` of the budget left, at most ``max_seqs`` per iteration; timed at the chunks' mean past."""
+    rem, done, ends, t = list(left), list(past), [t0 if x == 0 else None for x in left], t0
+    while any(e is None for e in ends):
+        b, chunks = budget, []
+        for m, r in enumerate(rem):
+            if b <= 0 or len(chunks) >= max_seqs:
+                break
+            if r:
+                c, b = pk.dynamic_chunk(r, b)
+                chunks.append((m, c))
+        tokens = sum(c for _, c in chunks)
+        t += pt.time_one(tokens, sum(c * done[m] for m, c in chunks) / tokens)
+        for m, c in chunks:
+            rem[m] -= c
+            done[m] += c
+            if not rem[m]:
+                ends[m] = t
+    return ends
+
+
+PT = prefill_profile_table(ENGINE)
+
+
+def test_prefill_finish_forms_the_schedulers_iterations() -> None:
+    rng = np.random.default_rng(5)
+    for _ in range(100):
+        n = int(rng.integers(1, 9))
+        left = rng.integers(0, 5000, n) * (rng.random(n) < 0.9)
+        past = rng.integers(0, 3000, n)
+        budget, seqs = int(rng.choice([256, 1024])), int(rng.integers(1, 4))
+        fin = np.full(n, -1.0)
+        pk.prefill_finish(left.astype(np.int64), past.astype(np.int64), budget, seqs, 0.5, PT.tokens, PT.kv,
+                          PT.times, fin)
+        np.testing.assert_allclose(fin, _prefill_ends(left.tolist(), past.tolist(), budget, seqs, 0.5, PT),
+                                   rtol=1e-12)

@@ -1,4 +1,5 @@
-"""PolyServe: efficient multi-SLO serving at scale (Zhu et al. 2025), co-located (CO) variant and baselines.
+"""PolyServe: efficient multi-SLO serving at scale (Zhu et al. 2025), co-located (CO) and disaggregated (PD)
+variants and their baselines.
 
 The extracted paper lost most formula symbols; what this module assumes is stated where it is used.
 
@@ -37,6 +38,18 @@ chunk size the host can keep *for the whole prefill* is the token budget at ``kv
 the first token is predicted at ``wait + ceil((queued prefill tokens + prompt) / chunk)`` iterations, where
 ``wait`` is the rest of the host's current iteration (§4.6), and must be before the TTFT deadline. Otherwise the
 router looks at other, lower-load machines (as the paper says).
+
+**Disaggregated (PD) prefill (§4.2, §4.6, §4.7).** Prefill instances are shared by all tiers and run their queue
+in TTFT-deadline order with dynamic chunking (a remainder below twice the 1024-token budget finished at once). An
+arrival goes to the highest-load (most queued prompt tokens) prefill instance that still achieves the TTFT (§4.7):
+the router replays the instance's deadline-ordered queue with the new prompt in it
+(:func:`polyserve_kernels.prefill_admits`), timing each iteration with a prefill profile that keeps prefill
+attention over the past KV (:func:`prefill_profile_table`; the paper neglects it below 10K tokens), from the end
+of the iteration in flight (§4.6 wait time). The new prompt must end by its *prefill deadline* -- the TTFT
+deadline less the part of the KV transfer the second token's TPOT cannot absorb, so the second token (due TTFT +
+TPOT, §4.6) stays reachable (:meth:`Fleet.prefill_deadline`) -- and no prompt predicted on time without it may
+turn late with it (it overtakes those due later). The decode side is the tiered
+router above with decode admission (next token after transfer, wait and one step before its DSLO deadline).
 
 **Batch formation on an instance (§2.4, §4.5).** Decode-first chunked prefill (Sarathi's loop, reused from
 :mod:`slogym.baselines.common`): every running decode runs; the rest of a *token budget* is filled with prefill
@@ -80,6 +93,7 @@ import numpy as np
 from slogym.baselines import polyserve_kernels as pk
 from slogym.baselines.common import (batch_of, fill_prefill_chunks, make_room_for_decodes, split_running,
                                      unstick)
+from slogym.baselines.polyserve_kernels import dynamic_chunk
 from slogym.core.batch import Batch, BatchFeatures
 from slogym.core.instance import Instance, Role
 from slogym.core.policy import BEST_EFFORT, DEFER, Policy, Router, Scaler, Scheduler
@@ -164,6 +178,24 @@ class ProfileTable:
         return pk.token_budget(grid, budget, float(kv))
 
 
+def _token_grid(engine: Any) -> np.ndarray:
+    """Token batch sizes a profiling run samples: 1..2x ``max_num_batched_tokens``, powers of two and midpoints."""
+    top = 2 * int(engine.max_num_batched_tokens)
+    pts = {1}
+    p = 2
+    while p <= top:
+        pts.update((p, p + p // 2))
+        p *= 2
+    return np.array(sorted(x for x in pts if x <= top), np.int64)
+
+
+def _profiled(tokens: np.ndarray, kv: np.ndarray, times: np.ndarray) -> ProfileTable:
+    """A :class:`ProfileTable` of profiled ``times`` on the ``tokens`` x ``kv`` grid (§4.5)."""
+    times = np.maximum.accumulate(times, axis=0)  # monotone in tokens, as the inverse needs
+    return ProfileTable(TablePerf(tokens.astype(float), kv.astype(float), times), tokens.astype(np.float64),
+                        kv.astype(np.float64), times)
+
+
 def profile_table(engine: Any, kv_points: int = 33) -> ProfileTable:
     """Profile ``engine`` (anything with ``batch_time``, ``kv_capacity_tokens``, ``max_num_seqs``,
     ``max_num_batched_tokens``) into a PolyServe table.
@@ -173,15 +205,8 @@ def profile_table(engine: Any, kv_points: int = 33) -> ProfileTable:
     A token batch of ``T`` tokens is profiled as ``min(T, max_num_seqs)`` decodes reading all ``kv`` KV tokens
     plus the rest as one prefill chunk without past (PolyServe neglects prefill attention, §4.5).
     """
-    top = 2 * int(engine.max_num_batched_tokens)
-    pts = {1}
-    p = 2
-    while p <= top:
-        pts.update((p, p + p // 2))
-        p *= 2
-    tokens = np.array(sorted(x for x in pts if x <= top), np.int64)
-    kv = np.linspace(0, int(engine.kv_capacity_tokens), kv_points).astype(np.int64)
-    kv = np.unique(kv)
+    tokens = _token_grid(engine)
+    kv = np.unique(np.linspace(0, int(engine.kv_capacity_tokens), kv_points).astype(np.int64))
     T, K = np.meshgrid(tokens, kv, indexing="ij")
     dec = np.minimum(T, int(engine.max_num_seqs))
     pre = T - dec
@@ -189,23 +214,45 @@ def profile_table(engine: Any, kv_points: int = 33) -> ProfileTable:
                             prefill_attn=(pre * pre).ravel(), prefill_sq=(pre * pre).ravel(),
                             decode_seqs=dec.ravel(), decode_tokens=dec.ravel(), decode_ctx=K.ravel(),
                             kv_tokens=(K + pre).ravel())
-    times = np.asarray(engine.batch_time(f), np.float64).reshape(T.shape)
-    times = np.maximum.accumulate(times, axis=0)  # monotone in tokens, as the inverse needs
-    return ProfileTable(TablePerf(tokens.astype(float), kv.astype(float), times), tokens.astype(np.float64),
-                        kv.astype(np.float64), times)
+    return _profiled(tokens, kv, np.asarray(engine.batch_time(f), np.float64).reshape(T.shape))
+
+
+def prefill_profile_table(engine: Any) -> ProfileTable:
+    """Profile ``engine``'s prefill-only iterations (a disaggregated prefill instance) into a table of
+    (chunk tokens x past KV the chunk attends -> iteration time), read by PD-PolyServe's TTFT prediction.
+
+    §4.5 names prefill attention, "which depends on the prefill length", as a part of the iteration time and
+    neglects it only because "for common workloads with sequence lengths less than 10K" it is small beside the
+    rest. A prefill instance has no decode attention for the (batch size, KV size) map to carry, and the traces
+    slogym replays exceed 10K tokens (Azure conv prompts reach 14K; on llama3-8b-h200 a 1024-token chunk after
+    13K of past takes 1.7x one without), so the prefill instance's table keeps the term: a token batch of ``T``
+    tokens is profiled as one chunk after ``p`` past tokens (``prefill_attn = T (p + T)``), ``p`` on powers of
+    two up to the KV capacity. Deviation: the paper's map has no past-KV axis for prefill (its simplification);
+    a batch of several chunks is read at their token-weighted mean past, which over-counts the pairs inside the
+    chunks (conservative)."""
+    tokens = _token_grid(engine)
+    cap = int(engine.kv_capacity_tokens)
+    past = np.unique(np.array([0, *(1 << np.arange(8, max(cap.bit_length(), 9))).tolist(), cap], np.int64))
+    past = past[past <= cap]
+    T, P = np.meshgrid(tokens, past, indexing="ij")
+    zero = np.zeros(T.size, np.int64)
+    f = BatchFeatures.build(prefill_tokens=T.ravel(), prefill_seqs=np.ones(T.size, np.int64),
+                            prefill_attn=(T * (P + T)).ravel(), prefill_sq=(T * T).ravel(), decode_seqs=zero,
+                            decode_tokens=zero, decode_ctx=zero, kv_tokens=(P + T).ravel())
+    return _profiled(tokens, past, np.asarray(engine.batch_time(f), np.float64).reshape(T.shape))
 
 
 @lru_cache(maxsize=16)
-def _cached_table(engine: Any) -> ProfileTable:
-    return profile_table(engine)
+def _cached_table(engine: Any, prefill: bool) -> ProfileTable:
+    return prefill_profile_table(engine) if prefill else profile_table(engine)
 
 
-def table_for(engine: Any) -> ProfileTable:
-    """The profile table of ``engine`` (cached per engine object)."""
+def table_for(engine: Any, prefill: bool = False) -> ProfileTable:
+    """The profile table of ``engine`` (its prefill-instance table with ``prefill``), cached per engine object."""
     try:
-        return _cached_table(engine)
+        return _cached_table(engine, prefill)
     except TypeError:  # unhashable engine object
-        return profile_table(engine)
+        return prefill_profile_table(engine) if prefill else profile_table(engine)
 
 
 # ============================================================================ future KV growth (§4.5)
@@ -245,6 +292,8 @@ class Fleet:
     res_tight  the tightest tier among the residents (``n_tiers``: best effort; ``n_tiers + 1``: none)
     rem, csum  residents sorted by predicted remaining tokens (desc) and prefix sums of their lengths
     pb, sa     their future-KV maxima (:func:`polyserve_kernels.row_maxima`)
+    ptable     the prefill instances' profile (:func:`prefill_profile_table`; ``None`` on a co-located cluster)
+    step_max   the profiled time of the largest decode batch at full KV memory (:meth:`prefill_deadline`)
     curves     token-budget curves (:meth:`ProfileTable.budget_curve`) of the tiers' TPOTs, then of no TPOT (row
                ``n_tiers``): a label's host TPOT reads row ``min(label, n_tiers)``
     """
@@ -276,17 +325,23 @@ class Fleet:
         self.prefill = np.flatnonzero(role == Role.PREFILL)     # roles are fixed for the run (a fixed fleet)
         self.decode = np.flatnonzero(role == Role.DECODE)
         self.label = np.where(role == Role.PREFILL, self.PREFILL, self.POOL).astype(np.int64)
+        # PD-PolyServe's prefill-instance profile (chunk tokens x past KV; :func:`prefill_profile_table`)
+        self.ptable = table_for(sim.instances[int(self.prefill[0])].engine, prefill=True) if self.prefill.size \
+            else None
+        self.max_seqs = np.array([int(getattr(i.engine, "max_num_seqs", 1 << 30)) for i in sim.instances])
+        self.cap = np.array([i.total_blocks * i.block_size for i in sim.instances], np.int64)
+        # the longest decode step the profile allows on a decode instance (largest batch at full KV memory)
+        self.step_max = max((table.time_one(min(int(self.max_seqs[j]), int(self.cap[j])), int(self.cap[j]))
+                             for j in self.decode.tolist()), default=INF)
         self.n_res = np.zeros(n, np.int64)
         self.kv_now = np.zeros(n, np.int64)
         self.q_pre = np.zeros(n, np.int64)
         self.busy_until = np.zeros(n)
         self.checked = np.zeros(n, bool)
         self.res_tight = np.full(n, self.n_tiers + 1, np.int64)
-        self.cap = np.array([i.total_blocks * i.block_size for i in sim.instances], np.int64)
         self.engines = list({id(i.engine): i.engine for i in sim.instances}.values())
         self.engine_of = np.array([[id(e) for e in self.engines].index(id(i.engine)) for i in sim.instances])
         self.no_xfer = np.zeros(len(self.engines))
-        self.max_seqs = np.array([int(getattr(i.engine, "max_num_seqs", 1 << 30)) for i in sim.instances])
         self.width = 64
         self.rem = np.zeros((n, self.width), np.int64)
         self.csum = np.zeros((n, self.width), np.int64)
@@ -359,6 +414,39 @@ class Fleet:
         for j in diff.tolist():
             self.read(self.sim.instances[j])
         return bool(diff.size)
+
+    def prefill_deadline(self, idx: np.ndarray, engine: Any) -> np.ndarray:
+        """Time by which prefill instance prompts ``idx`` must end (best effort: ``inf``) so that their second
+        token stays reachable: it is due one TPOT after the TTFT deadline (§4.6: "regulated by TTFT + TPOT") and
+        comes after the KV transfer, the decode host's wait and one decode step. The step is at most the TPOT
+        (decode admission, §4.5) and at most :attr:`step_max`, the profiled time of the largest decode batch;
+        the wait is taken as none (§4.6: the hand-off goes to a server that "finishes the current cycle very
+        soon"). So the prefill must end by the TTFT deadline less ``max(transfer + min(TPOT, step_max) - TPOT,
+        0)``."""
+        rs, w = self.sim.rs, self.sim.w
+        transfer = getattr(self.sim, "transfer", None)
+        xfer = transfer.seconds(rs.num_tokens[idx], engine) if transfer is not None else 0.0
+        tpot = self.rtpot[idx]
+        hand_off = np.maximum(xfer - np.maximum(tpot - self.step_max, 0.0), 0.0)
+        return np.where(rs.be[idx], INF, rs.ready[idx] + w.stage_ttft[rs.stage[idx]] - hand_off)
+
+    def prefill_queue(self, inst: Instance, r: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """Prefill instance ``inst``'s prompts (with request ``r`` joining its waiting list) in its scheduler's
+        order (TTFT deadline, best effort last: ``PolyScheduler._deadline_order``): tokens still to prefill after
+        the iteration in flight, tokens in the KV by then, the prefill deadlines (:meth:`prefill_deadline`), and
+        the position of ``r`` (-1 without)."""
+        rs, w = self.sim.rs, self.sim.w
+        cands = inst.running + inst.waiting
+        c = np.array(cands if r is None else [*cands, r], np.int64)
+        order = pk.deadline_order(c, rs.ready, rs.stage, w.stage_ttft, rs.be, w.arrival) if c.size > 1 else c
+        past = rs.num_computed[order].astype(np.int64)
+        if inst.inflight is not None:  # chunks in flight are in the KV when the next iteration starts
+            idx, tok, _ = inst.inflight
+            flying = dict(zip(idx.tolist(), np.asarray(tok).tolist()))
+            past += np.array([flying.get(x, 0) for x in order.tolist()], np.int64)
+        left = np.maximum(rs.num_tokens[order] - past, 0).astype(np.int64)
+        deadline = self.prefill_deadline(order, inst.engine)
+        return left, past, deadline, -1 if r is None else int(np.flatnonzero(order == r)[0])
 
     def note_routed(self, r: int) -> None:
         if not self.routed[r]:
@@ -566,8 +654,14 @@ class PolyScheduler(Scheduler):
             free -= used
             budget = left if chunk[0] == want else 0
         n_tok = sum(toks)
-        kv_now = (inst.total_blocks - inst.free_blocks) * inst.block_size
-        self.core.fleet.observe(inst, now, self.core.fleet.table.time_one(n_tok, kv_now + n_tok), n_tok)
+        fleet = self.core.fleet
+        if self.dynamic and n_tok:  # PolyServe: the prefill profile at the chunks' mean past (§4.5, §4.7)
+            past = inst.sim.rs.num_computed[np.array(reqs, np.int64)]
+            busy = fleet.ptable.time_one(n_tok, float(np.dot(past, toks)) / n_tok)
+        else:  # the PD baselines' cycle time reads the (batch size, KV size) table (§5.1)
+            kv_now = (inst.total_blocks - inst.free_blocks) * inst.block_size
+            busy = fleet.table.time_one(n_tok, kv_now + n_tok)
+        fleet.observe(inst, now, busy, n_tok)
         if not reqs:
             return None
         return batch_of(reqs, toks)
@@ -650,30 +744,6 @@ class MinimalRouter(_FleetRouter):
         return self._commit(req, self._lowest(self.core.fleet.decode, now), sim)
 
 
-def dynamic_chunk(remaining: int, budget: int) -> tuple[int, int]:
-    """PolyServe's dynamic chunking for disaggregated prefill (§4.7): ``(chunk, budget left)``.
-
-    A prompt that fits takes its remainder and leaves the rest of the budget; one whose remainder is below twice
-    the budget is finished in this iteration at once (saving the extra iteration of the 1+1024+1024+1 example) and
-    nothing else joins the iteration; a longer one takes one budget-sized chunk.
-    """
-    if remaining <= budget:
-        return remaining, budget - remaining
-    if remaining < 2 * budget:
-        return remaining, 0
-    return budget, 0
-
-
-def dynamic_chunk_time(table: ProfileTable, tokens: np.ndarray, budget: int) -> np.ndarray:
-    """Predicted time to prefill ``tokens`` queued tokens (per instance) with dynamic chunking: full chunks of
-    ``budget`` while at least twice the budget remains, then the rest at once (prefill attention neglected, as in
-    the profile table)."""
-    full = np.where(tokens >= 2 * budget, (tokens - 2 * budget) // budget + 1, 0)
-    last = tokens - full * budget
-    t = table.time(np.concatenate(([budget], last)), np.zeros(last.size + 1, np.int64))
-    return full * t[0] + t[1:]
-
-
 class PolyServeRouter(_FleetRouter):
     """PolyServe's tiered router (§4.1-4.7; see the module docstring for the full rule)."""
 
@@ -727,15 +797,27 @@ class PolyServeRouter(_FleetRouter):
         return nc + 1, 0, r0, float(rs.next_deadline(w, np.array([r]))[0]), xfer
 
     def prefill_admission(self, j: np.ndarray, r: int, now: float) -> Verdict:
-        """Disaggregated prefill admission (§4.7 dynamic chunking): the wait for the current iteration plus the
-        dynamic-chunking time of the queued prompt tokens and this one must end before the TTFT deadline; the
-        load is the queued prompt tokens."""
-        fleet, sim = self.core.fleet, self.core.sim
-        rs, w = sim.rs, sim.w
-        todo = fleet.q_pre[j] + int(rs.num_tokens[r] - rs.num_computed[r])
-        first = now + np.maximum(fleet.busy_until[j] - now, 0.0) + dynamic_chunk_time(
-            fleet.table, todo, self.core.prefill_budget)
-        ok = first <= rs.ready[r] + w.stage_ttft[rs.stage[r]]
+        """Disaggregated prefill admission of request ``r`` on prefill instances ``j`` (§4.2, §4.6, §4.7).
+
+        The prefill queue runs in TTFT-deadline order (§4.2: "prioritizing the request with the nearest
+        deadline") with dynamic chunking (§4.7), so the prediction replays it: from the end of the iteration in
+        flight (the wait time, §4.6) the iterations the scheduler will form -- ``r`` at its deadline's place,
+        behind the "requests [already] scheduled" due earlier (§4.7) -- timed by the prefill profile
+        (:func:`prefill_profile_table`), give every queued prompt's first token
+        (:func:`polyserve_kernels.prefill_admits`). Admitted when ``r`` finishes by its prefill deadline (the
+        TTFT deadline less the hand-off, :meth:`Fleet.prefill_deadline`) and no prompt predicted on time without
+        ``r`` turns late with it: a later, tighter request overtakes those admitted before it, and the server
+        must "still achieve TTFT" (§4.7) for them too. The load (for the load gradient) is the queued prompt
+        tokens."""
+        fleet = self.core.fleet
+        ok, first = np.empty(j.size, bool), np.empty(j.size)
+        pt = fleet.ptable
+        for m, i in enumerate(j.tolist()):
+            inst = self.core.sim.instances[i]
+            left, past, deadline, pos = fleet.prefill_queue(inst, r)
+            t0 = max(float(fleet.busy_until[i]), now) if inst.inflight is not None else now
+            ok[m], first[m] = pk.prefill_admits(left, past, deadline, pos, self.core.prefill_budget,
+                                                int(fleet.max_seqs[i]), t0, pt.tokens, pt.kv, pt.times)
         return Verdict(ok, fleet.q_pre[j].astype(np.float64), np.zeros(j.size, np.int64), first)
 
     def route(self, req: int, sim: "Simulator", now: float) -> int:
@@ -802,13 +884,22 @@ class PolyServeRouter(_FleetRouter):
         return self._commit(req, i, sim)
 
     def _pend(self, req: int, sim: "Simulator", now: float) -> int:
-        """Step 4: pend, unless even an idle server could no longer meet the TTFT (then: best effort)."""
+        """Step 4: pend, unless even an idle server could no longer meet the TTFT (then: best effort; on a
+        disaggregated cluster the idle prefill is predicted by :func:`polyserve_kernels.prefill_finish`). A
+        request pends while it meets the TTFT but not its prefill deadline (:meth:`Fleet.prefill_deadline`)
+        anywhere: the load may fall, and pending costs the others nothing."""
         fleet = self.core.fleet
         t, label = int(fleet.rtier[req]), fleet.label
         rs, w = sim.rs, sim.w
         prompt = int(rs.num_tokens[req] - rs.num_computed[req])
-        idle = fleet.table.time_one(prompt, prompt)
-        if now + idle > rs.ready[req] + w.stage_ttft[rs.stage[req]]:
+        if fleet.ptable is not None:  # an idle prefill instance: the prompt alone, dynamically chunked
+            pt, first = fleet.ptable, np.full(1, -1.0)
+            pk.prefill_finish(np.array([prompt], np.int64), rs.num_computed[req:req + 1].astype(np.int64),
+                              self.core.prefill_budget, 1, now, pt.tokens, pt.kv, pt.times, first)
+            end = float(first[0])
+        else:
+            end = now + fleet.table.time_one(prompt, prompt)
+        if end > rs.ready[req] + w.stage_ttft[rs.stage[req]]:
             return BEST_EFFORT
         if any(inst.n_resident for inst in sim.instances):
             return DEFER  # a finish will offer it again

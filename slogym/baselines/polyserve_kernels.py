@@ -332,3 +332,90 @@ def stale(busy_until: np.ndarray, n_res: np.ndarray, checked: np.ndarray, now: f
             out[k] = j
             k += 1
     return out[:k]
+
+
+# ============================================================================ disaggregated prefill (§4.2, §4.7)
+@njit(**_INLINE)
+def dynamic_chunk(remaining: int, budget: int) -> tuple[int, int]:
+    """PolyServe's dynamic chunking for disaggregated prefill (§4.7): ``(chunk, budget left)`` of a prompt with
+    ``remaining`` tokens to prefill. A prompt that fits takes its remainder and leaves the rest of the budget; one
+    whose remainder is below twice the budget is finished in this iteration at once (saving the extra iteration
+    of the paper's 1+1024+1024+1 example) and nothing else joins the iteration; a longer one takes one
+    budget-sized chunk. (``PolyScheduler._prefill_batch`` forms batches with it, :func:`prefill_finish` predicts
+    them with it.)"""
+    if remaining <= budget:
+        return remaining, budget - remaining
+    if remaining < 2 * budget:
+        return remaining, 0
+    return budget, 0
+
+
+@njit(**_JIT)
+def prefill_finish(left: np.ndarray, past: np.ndarray, budget: int, max_seqs: int, t0: float, tg: np.ndarray,
+                   kg: np.ndarray, tt: np.ndarray, fin: np.ndarray) -> None:
+    """Predicted prefill end of each queued prompt of a prefill instance (§4.2, §4.7), written to ``fin``.
+
+    ``left[m]`` / ``past[m]``: tokens still to prefill after the iteration in flight / tokens already in the KV,
+    of the ``m``-th prompt in the scheduler's order (TTFT deadline first, ``PolyScheduler._deadline_order``).
+    From ``t0`` (the end of the iteration in flight) the iterations are formed exactly as
+    ``PolyScheduler._prefill_batch`` forms them (dynamic chunking of ``budget``, at most ``max_seqs`` prompts,
+    KV memory not limiting), each timed by the prefill profile (``tg`` chunk tokens x ``kg`` past KV the chunk
+    attends, token-weighted mean over the batch -> ``tt`` seconds, :func:`table_time`). A prompt ends with the
+    iteration that computes its last token."""
+    n = left.size
+    rem = left.copy()
+    done = past.copy()
+    t = t0
+    for m in range(n):
+        if rem[m] == 0:  # its last chunk is in flight
+            fin[m] = t0
+    first = 0
+    while first < n and rem[first] == 0:
+        first += 1
+    while first < n:
+        b, tokens, pairs, seqs, k = budget, 0, 0, 0, first
+        while k < n and b > 0 and seqs < max_seqs:
+            if rem[k] > 0:
+                c, b = dynamic_chunk(rem[k], b)
+                tokens += c
+                pairs += c * done[k]
+                rem[k] -= c
+                done[k] += c
+                seqs += 1
+            k += 1
+        t += table_time(tg, kg, tt, float(tokens), pairs / tokens)
+        for m in range(first, k):
+            if rem[m] == 0 and fin[m] < 0.0:
+                fin[m] = t
+        while first < n and rem[first] == 0:
+            first += 1
+
+
+@njit(**_JIT)
+def prefill_admits(left: np.ndarray, past: np.ndarray, deadline: np.ndarray, new: int, budget: int, max_seqs: int,
+                   t0: float, tg: np.ndarray, kg: np.ndarray, tt: np.ndarray) -> tuple[bool, float]:
+    """EDF-consistent prefill admission of prompt ``new`` (its index in the scheduler's order of ``left``,
+    ``past``, ``deadline``; best-effort prompts carry an infinite deadline and come last): (admitted, its
+    predicted first token). It must finish by its TTFT deadline, and every queued prompt predicted on time
+    without it must stay on time with it (§4.7 "the highest-load server that can still achieve TTFT"; a prompt
+    already predicted late cannot veto). Prompts after the last finite deadline are not simulated."""
+    n = left.size
+    while n > 0 and deadline[n - 1] == INF and n - 1 != new:
+        n -= 1
+    with_new = np.full(n, -1.0)
+    prefill_finish(left[:n], past[:n], budget, max_seqs, t0, tg, kg, tt, with_new)
+    first = with_new[new]
+    if first > deadline[new]:
+        return False, first
+    keep = np.ones(n, np.bool_)
+    keep[new] = False
+    without = np.full(n - 1, -1.0)
+    prefill_finish(left[:n][keep], past[:n][keep], budget, max_seqs, t0, tg, kg, tt, without)
+    m = 0
+    for k in range(n):
+        if k == new:
+            continue
+        if with_new[k] > deadline[k] and without[m] <= deadline[k]:
+            return False, first
+        m += 1
+    return True, first
