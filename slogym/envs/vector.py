@@ -126,7 +126,8 @@ class SlogymVectorEnv(VectorEnv):
                 by_engine.setdefault(seen[1] if seen else self._engine_key(inst.engine), []).append(i)
             for key, ids in by_engine.items():
                 ev = self._evaluators[key]
-                cols = np.array([asks[i][2] for i in ids], dtype=np.int64).T
+                # plain tuples: BatchFeatures.__len__ counts batches, not fields
+                cols = np.array([tuple(asks[i][2]) for i in ids], dtype=np.int64).T
                 for i, dt in zip(ids, ev(BatchFeatures(*cols)).tolist()):
                     try:
                         asks[i] = steppers[i].send(dt)
