@@ -162,7 +162,8 @@ class RoutingEnv(ArrivalEnv):
         a = self._check(action)
         if a == self.n_instances:
             return DEFER
-        if not (self._fits(self._msg[1], self.sim.instances[a]) and a in self.sim.accepting_instances(ENTRY_ROLES)):
+        inst = self.sim.instances[a]
+        if not (self._fits(self._msg[1], inst) and inst.accepting and inst.role in ENTRY_ROLES):  # action_masks()[a]
             raise ValueError(f"action {a} is masked out for request {self._msg[1]}: instance {a} can never "
                              f"hold it or does not take new requests (a decode instance)")
         self._since += 1.0
