@@ -35,6 +35,7 @@ from slogym.core.batch import Batch, BatchFeatures
 from slogym.core.errors import SchedulerError
 from slogym.core.cluster import KVTransfer, cold_start_of
 from slogym.core.instance import Instance, InstanceState, Role
+from slogym.core.metrics import MODES, RunResult
 from slogym.core.policy import BEST_EFFORT, DEFER, REJECT, Policy
 from slogym.core.request import StageKind, Workload
 from slogym.core.state import NO_TPOT, Outcome, RequestState, Status
@@ -51,7 +52,7 @@ _FF_MAX = 4096
 FF_MIN_STRETCH = 4
 _Gen = Generator[tuple, Any, None]
 
-ATTAINMENT_MODES = ("strict", "dslo", "mean_tpot", "ttlt")
+ATTAINMENT_MODES = MODES  # the verdict modes, numbered in this order by metrics.verdict
 
 
 class Simulator:
@@ -164,9 +165,7 @@ class Simulator:
         self._finalize()
         self.wall_seconds = time.perf_counter() - self._wall0
 
-    def result(self) -> "Any":
-        from slogym.core.metrics import RunResult  # metrics imports the simulator's names
-
+    def result(self) -> RunResult:
         return RunResult.from_simulator(self)
 
     def add_timer(self, t: float, callback: Any) -> None:
