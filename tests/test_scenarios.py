@@ -132,15 +132,34 @@ def test_polyserve_tier_mix_and_idle_rule():
 
 def test_tempo_collective_groups():
     w = make_workload("tempo-mix", n_requests=5000)
-    apps = np.bincount(w.app, minlength=3)
-    groups = w.group[w.group >= 0]
-    n_groups = np.unique(groups).size
-    units = apps[0] + apps[1] + n_groups
-    np.testing.assert_allclose([apps[0] / units, apps[1] / units, n_groups / units], [0.6, 0.2, 0.2], atol=0.03)
-    for g in np.unique(groups)[:200]:
+    assert w.app_names[2:] == ["collective_tot", "collective_codegen"]
+    apps = np.bincount(w.app, minlength=4)
+    tot, chain = (np.unique(w.group[(w.group >= 0) & (w.app == a)]) for a in (2, 3))
+    units = apps[0] + apps[1] + tot.size + chain.size
+    np.testing.assert_allclose([apps[0] / units, apps[1] / units, tot.size / units, chain.size / units],
+                               [0.6, 0.2, 0.1, 0.1], atol=0.03)
+    for g in tot[:200]:  # tree of thoughts: depth 2 x 3 thoughts, TTLT 20 s x 2 stages
         m = w.group == g
         assert m.sum() == 6 and np.all(np.bincount(w.group_stage[m]) == [3, 3])
         assert np.unique(w.arrival[m]).size == 1 and np.all(w.ttlt[m] == 40.0)
+    sizes = []
+    for g in chain[:200]:  # code-generation chain: one call per stage, 2k + 1 stages, TTLT 20 s x stages
+        m = np.flatnonzero(w.group == g)
+        k = m.size
+        sizes.append(k)
+        assert k in (3, 5, 7) and sorted(w.group_stage[m]) == list(range(k))
+        assert np.unique(w.arrival[m]).size == 1 and np.all(w.ttlt[m] == 20.0 * k)
+    assert set(sizes) == {3, 5, 7}
+    # writer (even) stages carry most output, safeguard (odd) stages little; inputs grow along the chain
+    c = (w.app == 3)
+    even, odd = c & (w.group_stage % 2 == 0), c & (w.group_stage % 2 == 1)
+    assert w.output_tokens[even].mean() > 4 * w.output_tokens[odd].mean()
+    assert w.input_tokens[c & (w.group_stage == 2)].mean() > 2 * w.input_tokens[c & (w.group_stage == 0)].mean()
+    # both collective kinds keep Table 2's per-collective output mean (4458)
+    for a in (2, 3):
+        m = w.app == a
+        per_group = np.bincount(w.group[m], w.output_tokens[m])[np.unique(w.group[m])]
+        assert abs(per_group.mean() / 4458 - 1) < 0.08
     ls = w.app == 0
     assert np.all(w.first_ttft[ls] == 2.0) and np.all(np.isinf(w.ttlt[ls]))
     ti = w.app == 1

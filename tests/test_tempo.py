@@ -45,7 +45,7 @@ def _run(name: str, w: Workload, history: Workload, seed: int = 0, **kw) -> Simu
 def goodput_run() -> pd.DataFrame:
     """vLLM on tempo-mix with a small KV (queueing, so some SLOs are missed) scored with alpha = inf."""
     eng = copy.copy(ENGINE)
-    eng.kv_capacity_tokens = 40_000
+    eng.kv_capacity_tokens = 20_000  # small KV: queueing and preemptions make some requests miss
     w = make_workload("tempo-mix", rate=15.0, n_requests=150, seed=3, engine=eng)
     return Simulator(w, eng, make_policy("vllm", eng), seed=0, sg_alpha=math.inf).run().result().records
 

@@ -68,11 +68,16 @@ def main() -> None:
             print(f"  {'policy':20s} {'service_gain':>13s} {'goodput':>8s} {'attain':>7s}  per-app attainment")
             for name in names:
                 s = res[name]
-                apps = " ".join(f"{k[:4]}={v:.2f}" for k, v in s["attainment_by_app"].items())
+                apps = " ".join(f"{_initials(k)}={v:.2f}" for k, v in s["attainment_by_app"].items())
                 print(f"  {name:20s} {s['service_gain']:13.0f} {s['goodput']:8.3f} {s['attainment']:7.3f}  {apps}")
             table.append((f"{wname[6:] or 'mix'}-{arrival[0]} {load:g}x", _ratios(res, baselines)))
     _print_ratios(table, time.perf_counter() - started)
     print(NOTE)
+
+
+def _initials(app: str) -> str:
+    """Short app label: ``latency_sensitive`` -> ``ls``, ``collective_codegen`` -> ``cc``."""
+    return "".join(part[0] for part in app.split("_"))
 
 
 def _mean(summaries: list[dict[str, Any]]) -> dict[str, Any]:

@@ -45,8 +45,10 @@ Reconstructed symbols (the text is ambiguous or the formula is lost), per reques
 * switch test: ``(p_w - sum p_v) * quantum * tau > sum_v p_v * ceil(computed_v / token_budget) * tau``.
 
 Variants: ``tempo`` (QRF bound + DAG matching), ``tempo-precise`` (true lengths and true DAGs), ``tempo-sjf``
-(shortest predicted remaining time first, QRF median), ``tempo-no-graph`` (collective requests aim at the
-end-to-end deadline), ``tempo-no-predictor`` (one history-wide mean length for every request; Fig. 15).
+(shortest predicted remaining time first, QRF median), ``tempo-no-graph`` (every collective stage aims at the
+end-to-end deadline: the path ``tempo`` itself takes when an application has no history to match, since without
+a graph no stage split is known), ``tempo-no-predictor`` (one history-wide mean length for every request,
+raised as generation passes it: what is known without a per-request model; Fig. 15).
 
 Deviations: prompt-content features are unavailable (see :mod:`slogym.workloads.qrf`); preemption is by
 recompute (no swap); preemptions forced by KV growth of running decodes (vLLM's rule) ignore the quantum, the

@@ -12,8 +12,8 @@ SLOs-Serve TTFT SLOs are *relative* (Table 3: max TTFT slowdown vs. zero load), 
 seconds with the idle prefill time of the serving engine: ``engine.batch_time`` when an engine is given,
 otherwise :func:`idle_prefill_time`'s analytic llama3-8b-h100 estimate.
 
-Rates are requests/s of user-level arrivals for ONE replica of llama3-8b-h100; a Tempo collective arrival (a
-tree of thoughts) counts once and expands into 6 workload rows.
+Rates are requests/s of user-level arrivals for ONE replica of llama3-8b-h100; a Tempo collective arrival counts
+once and expands into its LLM calls (6 rows for a tree of thoughts, 3-7 for a code-generation chain).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from slogym.core.request import INF, StageKind, Workload
 from slogym.workloads import arrivals as arr
 
 __all__ = [
-    "LengthDist", "App", "ChatApp", "ReasoningApp", "ToolApp", "CollectiveApp", "TieredApp", "ScenarioSpec",
+    "LengthDist", "App", "ChatApp", "ReasoningApp", "ToolApp", "CollectiveApp", "ChainApp", "TieredApp", "ScenarioSpec",
     "SCENARIOS", "list_scenarios", "make_workload", "idle_prefill_time", "idle_decode_time",
 ]
 
@@ -328,12 +328,26 @@ class ToolApp(App):
                      np.full(n, self.ttlt * ctx.factor), self.priority)
 
 
+def _collective_part(app: App, arrival: np.ndarray, calls: np.ndarray, stage: np.ndarray, inp: np.ndarray,
+                     out: np.ndarray, ttlt: np.ndarray, ctx: _Ctx) -> _Part:
+    """Rows of collective requests (Tempo §2.1, type 3): group ``i`` (arrival ``arrival[i]``) makes ``calls[i]``
+    LLM calls, listed group by group with stage indices ``stage`` and lengths ``inp``/``out``; a call of stage
+    ``s > 0`` is released when its group's stage ``s - 1`` has ended. Every call carries the group's arrival
+    and end-to-end deadline ``ttlt[i]`` (scaled by the SLO preset)."""
+    grp = np.repeat(np.arange(arrival.shape[0], dtype=np.int64), calls)
+    m = grp.shape[0]
+    part = _two_stage_part(arrival[grp], inp, out, np.full(m, INF), np.full(m, INF), INF, app.tier_name(ctx),
+                           app.priority)
+    part.ttlt = ttlt[grp] * ctx.factor
+    part.group, part.group_stage = grp, stage.astype(np.int32)
+    return part
+
+
 @dataclass(frozen=True)
 class CollectiveApp(App):
     """Tempo collective request (§6.1): tree of thoughts of ``depth`` stages x ``width`` thoughts sharing one
     end-to-end deadline ``ttlt_per_stage * depth``. ``input``/``output`` are the *per-collective totals*
-    (Tempo Table 2), split over the ``depth * width`` calls with Dirichlet(``split_alpha``) shares. All calls
-    carry the group's arrival; stage ``s`` calls have ``group_stage = s`` (released when stage ``s-1`` ends).
+    (Tempo Table 2), split over the ``depth * width`` calls with Dirichlet(``split_alpha``) shares.
     """
 
     depth: int = 2
@@ -347,12 +361,53 @@ class CollectiveApp(App):
         shares_out = rng.dirichlet(np.full(calls, self.split_alpha), g)
         inp = np.maximum(np.rint(self.input.sample(rng, g)[:, None] * shares_in), 1).astype(np.int64).ravel()
         out = np.maximum(np.rint(self.output.sample(rng, g)[:, None] * shares_out), 1).astype(np.int64).ravel()
-        m = g * calls
-        part = _two_stage_part(np.repeat(arrival, calls), inp, out, np.full(m, INF), np.full(m, INF),
-                               self.ttlt_per_stage * self.depth * ctx.factor, self.tier_name(ctx), self.priority)
-        part.group = np.repeat(np.arange(g, dtype=np.int64), calls)
-        part.group_stage = np.tile(np.repeat(np.arange(self.depth, dtype=np.int32), self.width), g)
-        return part
+        stage = np.tile(np.repeat(np.arange(self.depth), self.width), g)
+        return _collective_part(self, arrival, np.full(g, calls), stage, inp, out,
+                                np.full(g, self.ttlt_per_stage * self.depth), ctx)
+
+
+@dataclass(frozen=True)
+class ChainApp(App):
+    """Tempo collective request of the chain-style multi-agent kind (§6.1 "agentic code generation workloads
+    [69]", Fig. 7 "CodeGen ... chain-style Multi-Agent applications"; §4.1: agents iterate "until a predefined
+    confidence threshold is met", so the number of calls is unknown at submission). Modeled on AutoGen's
+    code-generation loop [69]: ``k`` rounds of a writer call (writes, then fixes the code) and a safeguard call
+    (checks it), then a final writer call that answers -- one call per stage, ``2k + 1`` stages, ``k`` drawn from
+    ``rounds`` ({k: probability}; assumption, not published). End-to-end deadline ``ttlt_per_stage`` x stages
+    (§6.1).
+
+    Lengths (reconstructed; Tempo publishes only Table 2's per-collective totals, shared by both collective
+    kinds): a chain's input and output totals are drawn from ``input``/``output`` and scaled by
+    ``stages / E[stages]`` (work grows with the stages, as the deadline does; the mean stays Table 2's), then
+    split over the stages with shares proportional to a role weight times Gamma(``split_alpha``) noise:
+    output weight ``role_out[0]`` for writer and ``role_out[1]`` for safeguard calls, input weight ``1 + s``
+    for stage ``s`` (each agent reads the conversation so far). So stage-time ratios differ from a tree of
+    thoughts' even split and between chains of different lengths.
+    """
+
+    rounds: Mapping[int, float] = field(default_factory=lambda: {1: 0.4, 2: 0.35, 3: 0.25})
+    role_out: tuple[float, float] = (1.0, 0.15)
+    ttlt_per_stage: float = 20.0
+    split_alpha: float = 4.0
+
+    def build(self, arrival: np.ndarray, ctx: _Ctx) -> _Part:
+        g, rng = arrival.shape[0], ctx.rng
+        ks = np.array(sorted(self.rounds))
+        p = np.array([self.rounds[k] for k in ks], np.float64)
+        p /= p.sum()
+        calls = 2 * ks[rng.choice(ks.shape[0], g, p=p)] + 1
+        scale = calls / float((2 * ks + 1) @ p)
+        grp = np.repeat(np.arange(g), calls)
+        stage = np.arange(grp.shape[0]) - np.repeat(np.cumsum(calls) - calls, calls)
+        w_in = (1.0 + stage) * rng.gamma(self.split_alpha, size=stage.shape[0])
+        w_out = np.where(stage % 2 == 0, *self.role_out) * rng.gamma(self.split_alpha, size=stage.shape[0])
+
+        def split(total: np.ndarray, w: np.ndarray) -> np.ndarray:
+            share = w / np.bincount(grp, w, minlength=g)[grp]
+            return np.maximum(np.rint((total * scale)[grp] * share), 1).astype(np.int64)
+
+        inp, out = split(self.input.sample(rng, g), w_in), split(self.output.sample(rng, g), w_out)
+        return _collective_part(self, arrival, calls, stage, inp, out, self.ttlt_per_stage * calls, ctx)
 
 
 @dataclass(frozen=True)
@@ -512,6 +567,7 @@ def _cal(sarathi: float, vllm: float, note: str = "") -> str:
 
 _TEMPO_SINGLE_IN = _L(93, 244, p50=27, p95=391)
 _TEMPO_SINGLE_OUT = _L(318, 313, p50=225, p95=1024, hi=1024)
+_TEMPO_COLL = (_L(1300, 912, p50=1097, p95=2767), _L(4458, 1176, p50=4417, p95=6452))  # per-collective totals
 _SA_CAP = 2047  # SA paper §5.1: "request lengths ... restricted to under 2k"
 
 SCENARIOS: dict[str, ScenarioSpec] = {s.name: s for s in (
@@ -558,14 +614,15 @@ SCENARIOS: dict[str, ScenarioSpec] = {s.name: s for s in (
                  (_hf("gsm8k", 0.7, 0.2, (51.44, 15.78), (90.13, 26.73), 0, 2),
                   _hf("sharegpt", 2.0, 0.5, (259.19, 324.88), (207.79, 234.99), 1, 2)),
                  "poisson", 59.0, 2000, calibration=_cal(73.4, 61.7)),
-    ScenarioSpec("tempo-mix", "latency-sensitive : throughput-intensive : collective (ToT 2x3) = 3:1:1",
+    ScenarioSpec("tempo-mix", "latency-sensitive : throughput-intensive : collective (ToT 2x3 and code-generation "
+                              "chains, 1:1) = 3:1:1",
                  "Tempo (Zhang et al. 2025) Table 2 (Chatbot workload), §6.1",
                  (ChatApp("latency_sensitive", 3.0, _TEMPO_SINGLE_IN, _TEMPO_SINGLE_OUT, ttft=2.0, tpot=0.1,
                           tier="ttft_tbt"),
                   ChatApp("throughput_intensive", 1.0, _TEMPO_SINGLE_IN, _TEMPO_SINGLE_OUT, ttlt=20.0,
                           tier="ttlt"),
-                  CollectiveApp("collective", 1.0, _L(1300, 912, p50=1097, p95=2767),
-                                _L(4458, 1176, p50=4417, p95=6452), tier="ttlt_collective")),
+                  CollectiveApp("collective_tot", 0.5, *_TEMPO_COLL, tier="ttlt_collective"),
+                  ChainApp("collective_codegen", 0.5, *_TEMPO_COLL, tier="ttlt_collective")),
                  "poisson", 9.2, 1000, calibration=_cal(11.5, 10.1)),
     ScenarioSpec("sa-mix", "ShareGPT chat (TTFT/TPOT) + Python-Code-23k code (end-to-end), 1:1",
                  "SA scheduler (Huang et al. 2025) §5.1; chat lengths from SLOs-Serve Table 4 ChatBot",
@@ -576,15 +633,15 @@ SCENARIOS: dict[str, ScenarioSpec] = {s.name: s for s in (
                  "poisson", 32.0, 2000, calibration=_cal(39.7, 39.7)),
 )}
 
-# Tempo §6.1 variants of tempo-mix (same 3:1:1 mix and SLOs): the LC-Workload (lighteval-math singles and ToT
-# collectives, Table 2 "LC-Workload" rows) and bursty arrivals (the ``code`` fingerprint's correlated gaps, a
+# Tempo §6.1 variants of tempo-mix (same 3:1:1 mix and SLOs): the LC-Workload (lighteval-math singles, LC
+# collective totals, Table 2 "LC-Workload" rows) and bursty arrivals (the ``code`` fingerprint's correlated gaps, a
 # stand-in for BurstGPT [64]). Not calibrated separately: they keep tempo-mix's default rate, so loads given as
 # multiples of it (scripts/reproduce/tempo.py) mean the same arrival rate on every variant.
 _TEMPO = SCENARIOS["tempo-mix"]
 _TEMPO_LC_SINGLE = {"input": _L(76, 100, p50=49, p95=229), "output": _L(482, 236, p50=422, p95=1024, hi=1024)}
+_TEMPO_LC_COLL = {"input": _L(1064, 389, p50=983, p95=1713), "output": _L(6744, 819, p50=6703, p95=8120)}
 _TEMPO_LC_APPS = (replace(_TEMPO.apps[0], **_TEMPO_LC_SINGLE), replace(_TEMPO.apps[1], **_TEMPO_LC_SINGLE),
-                  replace(_TEMPO.apps[2], input=_L(1064, 389, p50=983, p95=1713),
-                          output=_L(6744, 819, p50=6703, p95=8120)))
+                  replace(_TEMPO.apps[2], **_TEMPO_LC_COLL), replace(_TEMPO.apps[3], **_TEMPO_LC_COLL))
 _TEMPO_NOTE = "not calibrated separately: tempo-mix's default rate"
 for _spec in (
     replace(_TEMPO, name="tempo-mix-lc", description=f"{_TEMPO.description}, LC-Workload lengths",
