@@ -368,3 +368,26 @@ def test_pd_prefill_prediction_matches_the_simulated_prefill() -> None:
     assert (sim.rs.outcome == Outcome.FINISHED).all()
     assert np.diff(actual).min() > 0                      # served in TTFT-deadline order
     assert np.abs(fin / actual - 1).max() < 0.05
+
+
+@needs_pd
+def test_decode_rows_count_requests_whose_kv_is_still_in_transfer() -> None:
+    """A hand-off is the decode instance's resident from its routing on (§4.5 admits against every request the
+    instance will serve), though the instance lists it only once its KV arrives: a row refresh during the
+    transfer must not forget it."""
+    w = _tiers(200, rate=60.0, seed=4)
+    pol = make_policy("polyserve-pd", ENGINE)
+    fleet_of, inner, seen = pol.router.core, pol.router.route_decode, []
+
+    def route_decode(req, sim, now):
+        d = inner(req, sim, now)
+        inst = sim.instances[d]
+        fleet_of.fleet.read(inst)  # a batch formation on d while req's KV is on its way
+        seen.append(int(fleet_of.fleet.n_res[d]) - len(inst.running) - len(inst.waiting))
+        return d
+
+    pol.router.route_decode = route_decode
+    sim = Simulator(w, ENGINE, pol, pd=(2, 2)).run()
+    assert seen and min(seen) >= 1                      # the request being handed off is always counted
+    assert all(not fleet_of.fleet.in_transfer(j) for j in range(4))  # arrived ones are pruned
+    assert (sim.rs.outcome != Outcome.DROPPED).all()

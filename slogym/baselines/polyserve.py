@@ -97,12 +97,14 @@ from slogym.baselines.polyserve_kernels import dynamic_chunk
 from slogym.core.batch import Batch, BatchFeatures
 from slogym.core.instance import Instance, Role
 from slogym.core.policy import BEST_EFFORT, DEFER, Policy, Router, Scaler, Scheduler
+from slogym.core.state import Status
 from slogym.engines.perf_models import TablePerf
 
 if TYPE_CHECKING:
     from slogym.core.simulator import Simulator
 
 INF = float("inf")
+TRANSFER = int(Status.TRANSFER)
 MAX_TIERS = 8
 BUDGET_POINTS = 257
 
@@ -348,6 +350,7 @@ class Fleet:
         self.pb = np.zeros((n, self.width), np.int64)
         self.sa = np.zeros((n, self.width), np.int64)
         self.joined: list[list[int]] = [[] for _ in range(self.n_tiers + 1)]
+        self.incoming: list[list[int]] = [[] for _ in range(n)]  # KV transfers under way, per decode instance
         self.use_since = np.full(n, np.nan)
         self.used_seconds = np.zeros(n)
         self.routed = np.zeros(len(w), bool)
@@ -362,10 +365,21 @@ class Fleet:
         being formed). Returns the tightest TPOT among its residents with an SLO (``inf`` if none)."""
         rs = self.sim.rs
         res = np.array(inst.running + inst.waiting, np.int64) if inst.waiting else inst.running_array()
+        if self.incoming[inst.id] and self.in_transfer(inst.id):
+            res = np.concatenate((res, np.array(self.incoming[inst.id], np.int64)))
         self._fit(res.size)
         return pk.observe_row(rs.I, res, self.rtier, self.rtpot, rs.be, int(self.avg_len), self.rem, self.csum,
                               self.pb, self.sa, self.n_res, self.kv_now, self.q_pre, self.res_tight, inst.id,
                               self.n_tiers + 1)
+
+    def in_transfer(self, j: int) -> int:
+        """Requests whose KV is on its way to decode instance ``j`` (routed there, not yet arrived): residents
+        of ``j`` for its admission (§4.5 counts every request the instance will serve), which its own lists show
+        only once the transfer ends. Prunes the arrived ones; returns how many remain."""
+        status = self.sim.rs.status
+        inc = self.incoming[j]
+        inc[:] = [r for r in inc if status[r] == TRANSFER]
+        return len(inc)
 
     def formed(self, j: int, now: float, busy: float, chunk_tokens: int) -> None:
         """Instance ``j`` started an iteration predicted to take ``busy`` seconds, prefilling ``chunk_tokens``."""
@@ -409,7 +423,8 @@ class Fleet:
     def resync(self, now: float) -> bool:
         """Re-read every instance whose resident count changed since its row was written (finishes are seen
         only at the next batch formation; a pending request retried at a finish must see it). True if any."""
-        actual = np.array([len(i.running) + len(i.waiting) for i in self.sim.instances], np.int64)  # n_resident
+        actual = np.array([len(i.running) + len(i.waiting) + (self.in_transfer(i.id) if self.incoming[i.id] else 0)
+                           for i in self.sim.instances], np.int64)
         diff = np.flatnonzero(actual != self.n_res)
         for j in diff.tolist():
             self.read(self.sim.instances[j])
@@ -703,9 +718,13 @@ class _FleetRouter(Router):
         return fleet.prefill if fleet.prefill.size else np.arange(fleet.label.size)
 
     def _commit(self, r: int, j: int, sim: "Simulator") -> int:
-        rs = sim.rs
+        """Request ``r`` goes to instance ``j``: into ``j``'s row at once (and, for a decode hand-off, into
+        ``j``'s transfers under way, :meth:`Fleet.in_transfer`)."""
+        rs, fleet = sim.rs, self.core.fleet
         left = int(rs.num_tokens[r] - rs.num_computed[r])
-        self.core.fleet.place(j, r, int(rs.num_tokens[r]), left if left > 1 else 0)
+        fleet.place(j, r, int(rs.num_tokens[r]), left if left > 1 else 0)
+        if rs.status[r] == TRANSFER:
+            fleet.incoming[j].append(r)
         return j
 
 
