@@ -142,9 +142,20 @@ Where slogym differs from the paper, and why:
 * Bursty settings: the ``code`` fingerprint's rate is a long-run mean with multi-minute silences and busy
   periods, so a 180 s window realizes its own rate ("realized" above): seed 0 opens in a busy period, about
   2x the nominal rate at 1.0x and 1.4x at 1.5x, so both bursty settings are deep overload.
-* Ablations: every collective is the same ToT 2x3 DAG, so the matched stage split is always about 1/2 and the
-  collectives' large gain ranks them above single requests with or without it; Tempo-SJF orders by predicted
-  length and competes on goodput in an SLO mix of short single requests.
+* Collectives (§6.1): half trees of thoughts (2 stages x 3 calls, one DAG shape), half chain-style multi-agent
+  code generation (3/5/7 stages of one call, writer calls ~6x the output of safeguard calls), so matching has
+  real choices: stage shares of the remaining budget differ by role and by chain length.
+* Ablations (Fig. 15; run 2026-11-22, one seed): Tempo leads vLLM, Sarathi and Autellix in 4/4 settings at 1.5x,
+  but not its own ablations. At 1.5x, no-graph is within -1%..+3% of Tempo in service gain and -2%..+7% in goodput,
+  no-predictor +1..+2% in service gain but lower goodput in 3/4 (the paper's "notable drop"), Tempo-SJF
+  -2%..+3% in service gain. Why no-graph does not lose: under LSDF on vLLM's substrate the stage deadline only
+  changes the order in which collective calls are admitted; once running, a call decodes at the batch's pace,
+  and a chain's time is the sum of its calls' decode lengths. Even the true stage split (graph=oracle, tested
+  on tempo-mix 1.5x) gives no more collective attainment (codegen 0.62 vs 0.65 matched), and the chain length
+  is unknown until it ends, so the matched split of a writer stage is no better than the app's mean split.
+  Across seeds 0-2 (tempo-mix Poisson 1.5x) no-graph is above Tempo in service gain by 1.4-2.4%: the same
+  sign in all three seeds. At 1.0x every policy but vLLM ties on
+  tempo-mix Poisson (attainment 0.964; the misses are collectives every policy misses).
 """
 
 
