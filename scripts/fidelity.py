@@ -6,21 +6,26 @@ Steps (one engine process for all of them):
    shape, ~2x the step the first time; a long-running server has seen them all), then profile it
    (``slogym.engines.profiler``, HyperFlexis App. A grid within the engine's limits) in ``--repeats``
    shuffled passes, each visit the median of ``--measure`` back-to-back iterations; measure the back-to-back
-   noise floor (``repeat_noise``);
+   noise floor (``repeat_ratios``);
 2. take ``--requests`` requests of the Azure conversation trace (``../shared/traces``; a generated chat
    workload when absent), scaled to the tiny model (token counts divided by ``--token-scale``, capped), with
    arrivals rescaled to ``--rate``, and run each policy on the live engine (as fast as possible; planning
-   policies see a model fitted to the passes so far);
+   policies see a model fitted to the passes so far); with ``--calibrate N``, first replay the NEXT N requests
+   of the trace with each policy, whose live iterations join the fit (reported beside the profile-only fit);
 3. profile ``--repeats-after`` more passes, so the profile brackets the replays in time, and fit the
-   perf-model families that separate prefill from decode work (``AUTO_FAMILIES``) to the per-composition
-   medians of all passes; keep the one with the lowest held-out MAPE (or ``--family``);
-4. run each policy in the simulator with that model (same KV pool, block size and limits) and compare.
+   perf-model families that separate prefill from decode work (``fitting.AUTO_FAMILIES``) to the
+   per-composition medians of all passes; keep the one with the lowest held-out MAPE (``fitting.fit_best``;
+   or ``--family``);
+4. run each policy in the simulator with that model (same KV pool, block size and limits) and compare; run it
+   again with the live replays' own same-batch measurement noise injected (``NoisySim``) to see how much of
+   the per-request error noise alone explains.
 
 Iteration times default to ``--timing norm``: CPU time scaled by a reference kernel timed around each step
 (``EngineConfig``), which removes most of the drift of CPU time with the shared machine's load.
 
 Printed: per-iteration time error (MAPE and bias of the fitted model on every batch the live engine executed,
-also per batch kind; the profile's noise floor across passes and back to back), per-request TTFT / mean TPOT /
+also per batch kind; the noise floor on the live replays' repeated batches, back to back and across profile
+passes), per-request TTFT / mean TPOT /
 TTLT relative error (median, p90), attainment live vs simulated, and where the live and simulated schedules
 first differ. ``--json`` prints one object: the pooled metrics at top level and ``per_policy``.
 
