@@ -14,7 +14,7 @@ from slogym.baselines.sa_kernels import propose, resample, score_plans
 from slogym.core.request import Request, Workload, decode, prefill
 from slogym.core.simulator import Simulator
 from slogym.engines.registry import get_engine
-from slogym.workloads.gaussian import GaussianLengthPredictor
+from slogym.workloads.gaussian import GaussianLengthPredictor, history_of
 from slogym.workloads.scenarios import make_workload
 
 ENGINE = get_engine("qwen2.5-7b-v100-tp2")
@@ -197,6 +197,61 @@ def test_gaussian_predictor_online():
     assert pred.mean(0) == pytest.approx(20) and pred.std(0) == pytest.approx(np.std([10, 20, 30]))
     s = pred.sample(np.zeros(1000, np.int64))
     assert s.min() >= 1 and abs(s.mean() - 20) < 1.5
+
+
+# a history in which the apps appear in the other order than in the simulated workload's codes (chat = 0, code = 1)
+HISTORY = (("code", 100), ("chat", 300), ("code", 200), ("chat", 500), ("code", 300))
+
+
+def test_warm_predictor_mean_is_the_history_mean():
+    pol = POLICIES["sa"](ENGINE, max_batch_size=2, seed=0, history=HISTORY)
+    sim = Simulator(_sa_mix(4, 1), ENGINE, pol, attainment="mean_tpot")
+    pol.scheduler.reset(sim)
+    chat, code = sim.w.app_names.index("chat"), sim.w.app_names.index("code")
+    lengths = pol.scheduler.lengths
+    # code: (100 + 200 + 300) / 3 = 200, population std sqrt((100^2 + 0 + 100^2) / 3); chat: (300 + 500) / 2 = 400
+    assert lengths.mean(code) == pytest.approx(200) and lengths.std(code) == pytest.approx(np.sqrt(20000 / 3))
+    assert lengths.mean(chat) == pytest.approx(400) and lengths.std(chat) == pytest.approx(100)
+    assert lengths.count[chat] == 2 and lengths.count[code] == 3
+    # the router sizes requests by the warmed mean too (Eq. 20 needs prompt + predicted output)
+    assert pol.router.scheduler.lengths is lengths
+
+
+def test_warm_replays_the_online_update():
+    online, warmed = GaussianLengthPredictor(2, 128, seed=5), GaussianLengthPredictor(2, 128, seed=5)
+    for app, x in ((0, 40), (1, 7), (0, 90), (0, 11)):
+        online.observe(app, x)
+    warmed.warm([0, 1, 0, 0], [40, 7, 90, 11])
+    apps = np.array([0, 1, 1, 0, 0])
+    assert np.array_equal(online.sample(apps), warmed.sample(apps))   # same fit, and no random draw consumed
+
+
+def test_history_of_a_workload_and_bad_histories():
+    w = _sa_mix(6, 2)
+    h = history_of(w)
+    assert [a for a, _ in h] == [w.app_names[a] for a in w.app] and [x for _, x in h] == w.output_tokens.tolist()
+    with pytest.raises(ValueError, match="summarize"):
+        Simulator(w, ENGINE, POLICIES["sa"](ENGINE, history=[("summarize", 10)])).run()
+    with pytest.raises(ValueError, match="-3"):
+        POLICIES["sa"](ENGINE, history=[("chat", -3)])
+    with pytest.raises(ValueError, match="app code 2"):
+        GaussianLengthPredictor(2).warm([2], [10])
+
+
+def test_history_leaves_the_cold_path_unchanged():
+    w = _sa_mix(10, 3)
+    run = lambda **kw: Simulator(w, ENGINE, POLICIES["sa"](ENGINE, max_batch_size=2, seed=4, **kw),  # noqa: E731
+                                 attainment="mean_tpot").run()
+    cold = run()
+    warm = run(history=history_of(_sa_mix(200, 99)))
+    cold_after_warm, empty = run(), run(history=())
+    assert cold.result().records.equals(cold_after_warm.result().records)
+    assert cold.result().records.equals(empty.result().records)
+    # all ten arrive at t = 0 and are planned before any completion: cold = the 128-token prior for every request,
+    # warm = draws from the history's Gaussian (so warming is visible and the equalities above could fail)
+    cold_pred, warm_pred = cold.policy.scheduler._pred, warm.policy.scheduler._pred
+    assert (cold_pred == 128).all() and not (warm_pred == 128).all()
+    assert not cold.result().records.equals(warm.result().records)
 
 
 def _sa_mix(n: int, seed: int) -> Workload:

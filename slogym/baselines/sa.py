@@ -25,6 +25,12 @@ others. All ``B_max x N`` prefill and decode values come from one vectorized per
 **Output lengths (§4.2, §5.1, §5.3).** :class:`~slogym.workloads.gaussian.GaussianLengthPredictor`: per-app Gaussian
 updated online from completed requests, one random draw per request (kept for the request's lifetime so plans are
 consistent). ``predictor="oracle"`` uses the true length (the paper's §5.3 accurate-predictor study).
+``history=`` warms the Gaussian with (app name, output length) pairs of earlier completed requests, replayed through
+the online update (:meth:`~slogym.workloads.gaussian.GaussianLengthPredictor.warm`) -- the paper's predictor runs
+in a live system, and §4.2 lets users supply each task type's output distribution up front. The default stays
+cold (no history, a ``prior_len`` prior, std 0) because the paper neither gives a history size nor says its Fig. 7
+runs were warm, and a policy built by name must not depend on data outside the simulated workload; warm it
+explicitly (``scripts/reproduce/sa.py`` does, from a disjoint draw of the same scenario).
 
 **Search (§4.3, Algorithm 1).** Two start solutions: arrival order with every batch at ``B_max``, and the
 order of increasing predicted e2e latency (also at ``B_max``); if the second meets every SLO it is returned at once
@@ -71,7 +77,7 @@ import itertools
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -383,6 +389,8 @@ class SAScheduler(Scheduler):
     max_batch_size  ``B_max``: the paper's maximum batch size (running requests cap)
     search          ``"anneal"`` or ``"exhaustive"`` (falls back to annealing above ``exhaustive_max`` requests)
     predictor       ``"gaussian"`` (online per-app Gaussian, prior ``prior_len``) or ``"oracle"`` (true lengths)
+    history         (app name, output length) pairs of completed requests that warm the Gaussian before the run
+                    (module doc, "Output lengths"); empty by default: a cold predictor
     t0, t_min, alpha, iters, max_entries   :class:`AnnealConfig` (the paper's ``T0``, ``T_min``, decay, ``L``)
     """
 
@@ -391,9 +399,13 @@ class SAScheduler(Scheduler):
     def __init__(self, max_batch_size: int = 4, max_num_batched_tokens: int = 8192, search: str = "anneal",
                  predictor: str = "gaussian", prior_len: float = 128.0, seed: int = 0, t0: float = 100.0,
                  t_min: float = 20.0, alpha: float = 0.95, iters: int = 500, max_entries: int | None = 8192,
-                 exhaustive_max: int = 7) -> None:
+                 exhaustive_max: int = 7, history: Sequence[tuple[str, int]] = ()) -> None:
         if max_batch_size < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_batch_size and max_num_batched_tokens must be >= 1")
+        self.history = tuple((str(app), int(length)) for app, length in history)
+        bad = [h for h in self.history if h[1] < 1]
+        if bad:
+            raise ValueError(f"history entries {bad[:3]} have output lengths < 1; every length must be >= 1")
         if search not in ("anneal", "exhaustive") or predictor not in ("gaussian", "oracle"):
             raise ValueError(f"search={search!r} (anneal|exhaustive), predictor={predictor!r} (gaussian|oracle)")
         self.max_batch_size = max_batch_size
@@ -410,10 +422,20 @@ class SAScheduler(Scheduler):
         self._sim = sim
         self._rng = np.random.default_rng(self.seed)
         self.lengths = GaussianLengthPredictor(len(sim.w.app_names), self.prior_len, self.seed)
+        if self.history:
+            self.lengths.warm(self._app_codes(sim.w.app_names), [length for _, length in self.history])
         self._pred = np.full(len(sim.w), -1, np.int64)   # predicted total output length, drawn once per request
         self._rank: dict[int, int] = {}                  # planned priority (lower runs first) of planned requests
         self._group: dict[int, int] = {}                 # planned batch of each waiting request
         self._live: set[int] = set()                     # requests seen and not yet observed as done
+
+    def _app_codes(self, app_names: list[str]) -> list[int]:
+        """The simulated workload's code of each history entry's app."""
+        code = {name: i for i, name in enumerate(app_names)}
+        unknown = sorted({app for app, _ in self.history if app not in code})
+        if unknown:
+            raise ValueError(f"history apps {unknown} are not in the workload's apps {app_names}")
+        return [code[app] for app, _ in self.history]
 
     # ----------------------------------------------------------------------------------------------- prediction
     def predicted_output(self, reqs: np.ndarray) -> np.ndarray:

@@ -6,13 +6,21 @@ the predictor generates a random integer based on this fitted distribution" (§5
 and the standard deviation of tasks' actual outputs" per task type. Here: one running mean/variance per app
 (Welford's update), a seeded NumPy generator for the draws, and a prior mean (std 0) for apps that have not
 completed a request yet (the paper leaves the cold start unspecified).
+
+A running system's predictor has a history. §4.2 lets "business users ... specify a typical output range or
+distribution for each task type", else the profiler gathers it; :meth:`GaussianLengthPredictor.warm` replays such a
+history of completed requests (e.g. :func:`history_of` a disjoint draw of the workload) through the same update
+:meth:`~GaussianLengthPredictor.observe` applies online.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from slogym.core.request import Workload
 
 
 class GaussianLengthPredictor:
@@ -37,6 +45,22 @@ class GaussianLengthPredictor:
         self._mean[app] += d / self.count[app]
         self._m2[app] += d * (length - self._mean[app])
 
+    def warm(self, apps: Sequence[int] | np.ndarray, lengths: Sequence[int] | np.ndarray) -> None:
+        """Replay a history of completed requests (app codes, true output lengths), in order, through
+        :meth:`observe`: the fitted Gaussian is the one the online path would have after those completions."""
+        apps, lengths = np.asarray(apps, dtype=np.int64), np.asarray(lengths)
+        if apps.shape != lengths.shape or apps.ndim != 1:
+            raise ValueError(f"history: app codes of shape {apps.shape} vs lengths of shape {lengths.shape}; "
+                             "need two 1-D sequences of equal length")
+        bad = (apps < 0) | (apps >= self.count.shape[0])
+        if bad.any():
+            raise ValueError(f"history app code {int(apps[bad][0])}; must be in 0..{self.count.shape[0] - 1}")
+        if lengths.size and not (np.all(np.isfinite(lengths)) and lengths.min() >= 1):
+            raise ValueError(f"history lengths {lengths[~(np.isfinite(lengths) & (lengths >= 1))][:3]}; "
+                             "every output length must be a finite number >= 1")
+        for app, length in zip(apps.tolist(), lengths.tolist()):
+            self.observe(app, length)
+
     def mean(self, apps: np.ndarray | int) -> np.ndarray:
         """Fitted mean per app (the prior until the app has a completion)."""
         return np.where(self.count[apps] > 0, self._mean[apps], self.prior[apps])
@@ -51,3 +75,9 @@ class GaussianLengthPredictor:
         apps = np.asarray(apps, dtype=np.int64)
         draw = self.rng.normal(self.mean(apps), self.std(apps))
         return np.maximum(np.rint(draw), 1).astype(np.int64)
+
+
+def history_of(w: "Workload") -> tuple[tuple[str, int], ...]:
+    """The (app name, true output length) pair of every request of ``w``, in request order: a history of completed
+    requests to warm a predictor with (``SAScheduler(history=...)``). Use a draw disjoint from the evaluated one."""
+    return tuple((w.app_names[a], int(o)) for a, o in zip(w.app.tolist(), w.output_tokens.tolist()))
