@@ -393,8 +393,10 @@ def main(argv: list[str] | None = None) -> int:
     print("(errors in %; pooled over policies: " + ", ".join(f"{k} {res[k]:.1f}" for k in
                                                           ("iteration_mape", "ttft_median_rel_err",
                                                            "tpot_median_rel_err", "ttlt_median_rel_err")) + ")")
-    print(f"noise floor on the live replays (same batch, >= 5 times): {res['noise_live_same_batch']}% over "
-          f"{res['noise_live_same_batch_n']} iterations; "
+    same_pct = res["noise_live_same_batch"]
+    print("noise floor on the live replays (same batch, >= 5 times): "
+          + (f"{same_pct:.1f}%" if same_pct is not None else "n/a")
+          + f" over {res['noise_live_same_batch_n']} iterations; "
           "noise alone (simulator with that noise vs without), median: " + ", ".join(
               f"{m} {res[f'noise_only_{m}_median_rel_err']:.1f}%" for m in ("ttft", "tpot", "ttlt")
               if f"noise_only_{m}_median_rel_err" in res))

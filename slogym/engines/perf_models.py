@@ -13,7 +13,7 @@ Families (see ``docs/engines.md``):
 ``roofline``            SLOs-Serve §3.1.1: ``max_l(k1_l * tokens + k2_l * spec_steps + b_l)``
 ``linear-interaction``  SA-scheduler paper (Huang et al. 2025) Eq. 14-15 with Table 2's coefficient layout
 ``quadratic``           DistServe / HyperFlexis Eq. 1-2: quadratic prefill + linear decode
-``phase-quadratic``     ``quadratic`` + a constant per phase present + a per-prefill-sequence cost (SA Eq. 14-15's terms)
+``phase-quadratic``     ``quadratic`` + a constant per phase present + a per-prefill-sequence cost (SA Eq. 14-15)
 ``table``               PolyServe §4.5: profiled grid (token batch size x KV size), bilinear interpolation
 ``analytic``            roofline from model architecture and GPU datasheet, with fitted efficiency factors
 """
