@@ -95,6 +95,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from slogym.baselines.common import split_running, unstick
+from slogym.core import kernels
 from slogym.core.batch import Batch, BatchFeatures
 from slogym.core.instance import ENTRY_ROLES, Instance
 from slogym.core.policy import BEST_EFFORT, DEFER, REJECT, Policy, Router, Scheduler
@@ -1005,18 +1006,11 @@ class SLOsServeScheduler(Scheduler):
     @staticmethod
     def _time(inst: Instance, reqs: list[int], toks: list[int], sps: list[int]) -> float:
         """Exact modeled time of the formed batch (the simulator's features of it)."""
-        rs = inst.sim.rs
         idx = np.asarray(reqs, np.int64)
-        tok = np.asarray(toks, np.int64)
-        sp = np.asarray(sps, np.int64)
-        nc = rs.num_computed[idx]
-        is_dec = (rs.num_tokens[idx] - nc) == 1
-        kv_after = nc + tok + sp
-        pt, pp = tok[~is_dec], nc[~is_dec]
-        f = BatchFeatures(int(pt.sum()), int(pt.size), int((pt * (pp + pt)).sum()), int((pt * pt).sum()),
-                          int(is_dec.sum()), int(is_dec.sum() + sp[is_dec].sum()), int(kv_after[is_dec].sum()),
-                          int(kv_after.sum()), int(sp.max()) if sp.size else 0)
-        return float(inst.time_one(f))
+        blocks = np.empty(idx.size, np.int64)
+        *f, _ = kernels.batch_features(inst.sim.rs.I, idx, np.asarray(toks, np.int64), np.asarray(sps, np.int64),
+                                       inst.block_size, blocks)
+        return float(inst.time_one(BatchFeatures(*f)))
 
 
 # ================================================================================ policies

@@ -15,6 +15,17 @@ import numpy as np
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
+def _column(name: str, a: np.ndarray | None, m: int) -> np.ndarray:
+    """``a`` as an owned int64 column of ``m`` batches: copied, a length-1 value repeated, zeros when absent."""
+    if a is None:
+        return np.zeros(m, np.int64)
+    if a.ndim == 1 and a.shape[0] == m:
+        return a.copy()
+    if a.ndim == 1 and a.shape[0] == 1:
+        return np.full(m, a[0], np.int64)
+    raise ValueError(f"BatchFeatures field {name} has shape {a.shape}; expected ({m},) or a scalar")
+
+
 class BatchFeatures(NamedTuple):
     """Integer features of ``m`` batches (each field an ``int64`` array of shape ``(m,)``).
 
@@ -59,7 +70,7 @@ class BatchFeatures(NamedTuple):
         if unknown:
             raise TypeError(f"unknown BatchFeatures fields {sorted(unknown)}; known: {cls._fields}")
         m = max((a.shape[0] for a in arrays.values()), default=1)
-        return cls(*(np.broadcast_to(arrays.get(f, np.zeros(1, np.int64)), (m,)).copy() for f in cls._fields))
+        return cls(*(_column(f, arrays.get(f), m) for f in cls._fields))
 
     @classmethod
     def random(cls, m: int, seed: int = 0) -> "BatchFeatures":
