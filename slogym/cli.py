@@ -359,7 +359,7 @@ def cmd_profile_fit(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(report | {"out": args.out})
         return 0
-    print(f"fitted {args.family} on {report['n_train']} of {report['n_rows']} rows "
+    print(f"fitted {report.get('family', args.family)} on {report['n_train']} of {report['n_rows']} rows "
           f"({report['n_holdout']} held out)")
     print(f"train MAPE     {report['train_mape_pct']:.2f}%")
     held = report["holdout_mape_pct"]
@@ -510,7 +510,8 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Fit a perf-model family to profile records (one row per iteration: "
                                     "BatchFeatures columns + time_s) and write an engine preset.")
     f.add_argument("records", metavar="RECORDS.csv", help="one row per measured iteration")
-    f.add_argument("--family", required=True, choices=sorted(PERF_FAMILIES), help="perf-model family to fit")
+    f.add_argument("--family", required=True, choices=sorted(PERF_FAMILIES) + ["auto"],
+                   help="perf-model family to fit (auto: every family of fitting.AUTO_FAMILIES, lowest held-out MAPE)")
     f.add_argument("--out", required=True, metavar="PRESET.json", help="where to write the preset")
     f.add_argument("--name", help="preset name (default: the --out file's stem)")
     f.add_argument("--base", metavar="ENGINE",

@@ -153,6 +153,18 @@ def test_profile_fit_roundtrip(capsys, tmp_path, records_csv):
     assert rc == 0 and json.loads(out)["engine"] == ["mine"]
 
 
+def test_profile_fit_auto_reports_the_family_it_chose(capsys, tmp_path, records_csv):
+    """``--family auto`` fits every candidate family and keeps the lowest held-out MAPE; the records come from a
+    quadratic model, which the quadratic and phase-quadratic families represent exactly."""
+    preset = tmp_path / "auto.json"
+    rc, out, _ = run_cli(capsys, "profile", "fit", str(records_csv), "--family", "auto", "--out", str(preset),
+                         "--kv-tokens", "200000", "--json")
+    report = json.loads(out)
+    assert rc == 0 and report["family"] in ("quadratic", "phase-quadratic")
+    assert report["holdout_mape_pct"] < 1.0
+    assert get_engine(str(preset)).perf.family == report["family"]
+
+
 def test_profile_fit_json_inherits_from_base(capsys, tmp_path, records_csv):
     preset = tmp_path / "roof.json"
     rc, out, _ = run_cli(capsys, "profile", "fit", str(records_csv), "--family", "roofline", "--out", str(preset),
