@@ -259,10 +259,11 @@ class Workload:
         idx = np.asarray(idx, dtype=np.int64)
         lo, hi = self.stage_ptr[idx], self.stage_ptr[idx + 1]
         lens = hi - lo
-        sidx = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)]) if len(idx) else np.zeros(0, np.int64)
+        ptr = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
+        sidx = np.arange(ptr[-1], dtype=np.int64) + np.repeat(lo - ptr[:-1], lens)  # stage rows, request by request
         return Workload(
             self.arrival[idx], self.app[idx], self.tier[idx], self.ttlt[idx], self.priority[idx],
-            self.best_effort[idx], np.concatenate(([0], np.cumsum(lens))).astype(np.int64),
+            self.best_effort[idx], ptr,
             self.stage_kind[sidx], self.stage_tokens[sidx], self.stage_delay[sidx], self.stage_ttft[sidx],
             self.stage_tpot[sidx], list(self.app_names), list(self.tier_names), name or self.name,
             self.group[idx], self.group_stage[idx],
