@@ -205,6 +205,18 @@ def test_every_request_ends_in_exactly_one_outcome(name: str) -> None:
         assert inst.free_blocks == inst.total_blocks
 
 
+def test_router_predicts_batches_within_the_policys_max_num_seqs() -> None:
+    """The router's predictions (prefill queue replay, decode admission) form batches within the same
+    ``max_num_seqs`` the policy's scheduler applies, not the engine's larger default."""
+    w = _tiers(40, rate=60.0, seed=1)
+    for seqs, want in ((4, 4), (None, int(ENGINE.max_num_seqs))):
+        pol = make_policy("polyserve-pd", ENGINE, **({} if seqs is None else {"max_num_seqs": seqs}))
+        sim = Simulator(w, ENGINE, pol, pd=(1, 1)).run()
+        assert pol.scheduler.max_num_seqs == want
+        assert (pol.router.core.fleet.max_seqs == want).all()
+        assert (sim.rs.outcome != Outcome.NONE).all()
+
+
 def test_same_seed_same_results() -> None:
     w = _tiers(400, rate=90.0, seed=5)
     runs = [Simulator(w, ENGINE, make_policy("polyserve-co", ENGINE), n_instances=3, seed=2).run().result()

@@ -73,7 +73,13 @@ resident TPOT (only routing differs from PolyServe). CO-Chunk: CO-Minimal routin
 Deviations: the future-growth simulation starts every resident from its full known length (prompt tokens not yet
 prefilled counted as resident KV) -- conservative; the per-instance state the router reads is refreshed at every
 batch formation and on every placement, so it is at most one iteration old; the pending retry order is the
-simulator's (FCFS over the global queue).
+simulator's (FCFS over the global queue). Reconstructed for PD prefill admission (the paper states the deadline
+order, "the highest-load server that can still achieve TTFT" and "the additional cycle" of prompts already
+scheduled, not how a prompt that jumps the queue is treated): the veto that no prompt predicted on time may turn
+late with the newcomer; the *prefill deadline* (§4.6 speaks of the second token for decode admission, not of a
+prefill deadline); and the replay assumes KV never limits a prefill batch (KV stays held until the transfer out
+ends, so under KV pressure the prediction is optimistic; the scheduler itself stops when KV is full). The PD
+baselines share :class:`Fleet`, so their cycle-time rows also count hand-offs still in transfer.
 
 Simulation speed (no effect on decisions): the per-iteration and per-arrival loops are compiled
 (:mod:`slogym.baselines.polyserve_kernels`, value for value the NumPy rules above). Batches of decodes alone are
@@ -300,7 +306,8 @@ class Fleet:
                ``n_tiers``): a label's host TPOT reads row ``min(label, n_tiers)``
     """
 
-    def __init__(self, sim: "Simulator", table: ProfileTable, tiers: np.ndarray, avg_len: float) -> None:
+    def __init__(self, sim: "Simulator", table: ProfileTable, tiers: np.ndarray, avg_len: float,
+                 max_num_seqs: int = 1 << 30) -> None:
         n = len(sim.instances)
         w = sim.w
         self.sim, self.table, self.tiers, self.avg_len = sim, table, tiers, float(avg_len)
@@ -330,7 +337,9 @@ class Fleet:
         # PD-PolyServe's prefill-instance profile (chunk tokens x past KV; :func:`prefill_profile_table`)
         self.ptable = table_for(sim.instances[int(self.prefill[0])].engine, prefill=True) if self.prefill.size \
             else None
-        self.max_seqs = np.array([int(getattr(i.engine, "max_num_seqs", 1 << 30)) for i in sim.instances])
+        # the batch limit the scheduler applies: the policy's max_num_seqs within each engine's
+        self.max_seqs = np.array([min(int(getattr(i.engine, "max_num_seqs", 1 << 30)), max_num_seqs)
+                                  for i in sim.instances])
         self.cap = np.array([i.total_blocks * i.block_size for i in sim.instances], np.int64)
         # the longest decode step the profile allows on a decode instance (largest batch at full KV memory)
         self.step_max = max((table.time_one(min(int(self.max_seqs[j]), int(self.cap[j])), int(self.cap[j]))
@@ -544,12 +553,13 @@ class PolyCore:
     """State shared by a PolyServe policy's router, scheduler and scaler for one run."""
 
     def __init__(self, tiers: tuple[float, ...] | None = None, avg_decode_len: float | None = None,
-                 prefill_budget: int = 1024) -> None:
+                 prefill_budget: int = 1024, max_num_seqs: int = 1 << 30) -> None:
         if avg_decode_len is not None and not avg_decode_len >= 1:
             raise ValueError(f"avg_decode_len={avg_decode_len!r}; must be >= 1 token")
         if prefill_budget < 1:
             raise ValueError(f"prefill_budget={prefill_budget!r}; must be >= 1 token")
         self.prefill_budget = prefill_budget
+        self.max_num_seqs = max_num_seqs  # the scheduler's; the router's predictions form batches within it
         if tiers is not None and (not len(tiers) or any(not (t > 0) for t in tiers)):
             raise ValueError(f"tiers={tiers!r}; must be positive TPOTs in seconds")
         self.tiers = tiers
@@ -561,7 +571,7 @@ class PolyCore:
         tiers = np.array(sorted(self.tiers), np.float64) if self.tiers else workload_tiers(w.min_tpot,
                                                                                            w.best_effort)
         avg = self.avg_decode_len or (float(w.output_tokens.mean()) if len(w) else 1.0)
-        self.fleet = Fleet(sim, table_for(sim.instances[0].engine), tiers, max(avg, 1.0))
+        self.fleet = Fleet(sim, table_for(sim.instances[0].engine), tiers, max(avg, 1.0), self.max_num_seqs)
         self.sim = sim
 
     def ensure(self, sim: "Simulator") -> "Fleet":
@@ -985,8 +995,9 @@ def _make(name: str, router: Callable[[PolyCore], Router], static: bool = False,
     """Factory of a policy; ``polyserve`` adds the tier scaler and dynamic chunking (PolyServe itself)."""
     def make(engine: Any = None, **params: Any) -> Policy:
         p = dict(params)
-        core = PolyCore(p.pop("tiers", None), p.pop("avg_decode_len", None), int(p.pop("prefill_budget", 1024)))
         seqs = _max_seqs(engine, p)
+        core = PolyCore(p.pop("tiers", None), p.pop("avg_decode_len", None), int(p.pop("prefill_budget", 1024)),
+                        seqs)
         budget = int(p.pop("token_budget", 512)) if static else None
         sched = PolyScheduler(core, budget, int(p.pop("min_chunk", 32)), seqs, dynamic=polyserve)
         sc = PolyServeScaler(core, float(p.pop("interval", 0.1))) if polyserve else None
