@@ -615,7 +615,7 @@ SCENARIOS: dict[str, ScenarioSpec] = {s.name: s for s in (
                   _hf("sharegpt", 2.0, 0.5, (259.19, 324.88), (207.79, 234.99), 1, 2)),
                  "poisson", 59.0, 2000, calibration=_cal(73.4, 61.7)),
     ScenarioSpec("tempo-mix", "latency-sensitive : throughput-intensive : collective (ToT 2x3 and code-generation "
-                              "chains, 1:1) = 3:1:1",
+                              "chains, 1:1 -- an assumption: Tempo gives no shares) = 3:1:1",
                  "Tempo (Zhang et al. 2025) Table 2 (Chatbot workload), §6.1",
                  (ChatApp("latency_sensitive", 3.0, _TEMPO_SINGLE_IN, _TEMPO_SINGLE_OUT, ttft=2.0, tpot=0.1,
                           tier="ttft_tbt"),
@@ -623,7 +623,9 @@ SCENARIOS: dict[str, ScenarioSpec] = {s.name: s for s in (
                           tier="ttlt"),
                   CollectiveApp("collective_tot", 0.5, *_TEMPO_COLL, tier="ttlt_collective"),
                   ChainApp("collective_codegen", 0.5, *_TEMPO_COLL, tier="ttlt_collective")),
-                 "poisson", 9.2, 1000, calibration=_cal(11.5, 10.1)),
+                 "poisson", 9.2, 1000,
+                 calibration=_cal(11.5, 10.1, "measured on the ToT-only collective mix, before the code-generation "
+                                              "chains were added (2026-11-22); not re-measured")),
     ScenarioSpec("sa-mix", "ShareGPT chat (TTFT/TPOT) + Python-Code-23k code (end-to-end), 1:1",
                  "SA scheduler (Huang et al. 2025) §5.1; chat lengths from SLOs-Serve Table 4 ChatBot",
                  (ChatApp("chat", 1.0, _L(763, 424, p99=1591, hi=_SA_CAP), _L(266, 160, p99=619, hi=_SA_CAP),
