@@ -54,7 +54,7 @@ from slogym.core.batch import BatchFeatures
 from slogym.core.instance import Instance
 from slogym.engines.live import EngineConfig, LiveSimulator, VLLMEngine, live_spec, make_tiny_model
 from slogym.engines.live.client import TIMINGS
-from slogym.engines.profiler import ProfileGrid, aggregate, profile, repeat_ratios
+from slogym.engines.profiler import ProfileGrid, aggregate, noise_pct, profile, repeat_ratios
 
 ROOT = Path(__file__).resolve().parents[1]
 AZURE = ROOT.parent / "shared" / "traces" / "azure_conv_2023.csv.gz"
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         pre = profile(engine, grid, repeats=args.repeats, warm=args.warm_shapes, seed=args.seed,
                       measure=args.measure)
         b2b = repeat_ratios(engine, args.noise_repeats) if args.noise_repeats > 0 else {}
-        noise = {k: float(np.mean(np.abs(r - 1.0)) * 100.0) for k, r in b2b.items()}
+        noise = noise_pct(b2b)
         plan_spec = live_spec(cfg, fit_profile_medians(pre, args.family, args.seed)[0])  # what planning policies see
         calib = []
         if args.calibrate > 0:

@@ -155,8 +155,12 @@ def repeat_noise(engine: VLLMEngine, n: int = 100, batch: int = 16, context: int
     """The measurement-noise floor: for each kind of :func:`repeat_ratios`, the mean ``|t / median - 1|`` in %
     of the engine's iteration time (its ``timing``). No perf model can have a smaller per-iteration error than
     this on the same machine at the same moment."""
-    return {k: float(np.mean(np.abs(r - 1.0)) * 100.0)
-            for k, r in repeat_ratios(engine, n, batch, context, chunk).items()}
+    return noise_pct(repeat_ratios(engine, n, batch, context, chunk))
+
+
+def noise_pct(ratios: dict[str, np.ndarray]) -> dict[str, float]:
+    """Per kind, the mean ``|t / median - 1|`` in % of repeat ratios (:func:`repeat_ratios`)."""
+    return {k: float(np.mean(np.abs(r - 1.0)) * 100.0) for k, r in ratios.items()}
 
 
 def repeat_ratios(engine: VLLMEngine, n: int = 100, batch: int = 16, context: int = 256,
@@ -167,7 +171,7 @@ def repeat_ratios(engine: VLLMEngine, n: int = 100, batch: int = 16, context: in
     need = context + 2 * n + 4  # tokens each decoding request reaches
     if (n < 1 or need > cfg.max_model_len or batch * need + 2 * chunk > cfg.num_blocks * cfg.block_size
             or batch + 1 > cfg.max_num_seqs or batch + chunk > cfg.max_num_batched_tokens):
-        raise ValueError(f"repeat_noise(n={n}, batch={batch}, context={context}, chunk={chunk}) does not fit the "
+        raise ValueError(f"repeat_ratios(n={n}, batch={batch}, context={context}, chunk={chunk}) does not fit the "
                          f"engine (max_model_len={cfg.max_model_len}, KV {cfg.num_blocks}x{cfg.block_size}, "
                          f"max_num_seqs={cfg.max_num_seqs}, max_num_batched_tokens={cfg.max_num_batched_tokens})")
     d = _Driver(engine)
@@ -263,7 +267,10 @@ def _visit(d: _Driver, kind: str, point: tuple[int, ...], warmup: int, measure: 
     iters = warmup + measure
     if kind == "prefill":
         b, n = point
-        ctx = [d.new(16, iters + 2)] if b < d.engine.config.max_num_seqs else []
+        cfg, bs = d.engine.config, d.engine.config.block_size
+        # the decode request that gives each prefill its serving context, when a sequence slot and KV are left
+        room = b < cfg.max_num_seqs and b * -(-(n + 1) // bs) + -(-(16 + iters + 2) // bs) <= cfg.num_blocks
+        ctx = [d.new(16, iters + 2)] if room else []
         d.prefill_all(ctx, budget)
         for _ in range(iters):
             if ctx:
