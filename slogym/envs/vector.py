@@ -103,7 +103,10 @@ class SlogymVectorEnv(VectorEnv):
         seen = self._engine_keys.get(id(engine))
         if seen is None:
             spec = getattr(engine, "to_dict", None)  # an engine object without one is only equal to itself
-            key = json.dumps(spec(), sort_keys=True, default=repr) if spec else f"object {id(engine)}"
+            # the perf model's class too: a subclass may time batches from state its params() leave out
+            perf = type(getattr(engine, "perf", None))
+            key = (json.dumps(spec(), sort_keys=True, default=repr) + f" {perf.__module__}.{perf.__qualname__}"
+                   if spec else f"object {id(engine)}")
             self._evaluators.setdefault(key, BatchTimeEvaluator(engine))
             seen = self._engine_keys[id(engine)] = (engine, key)  # holding the engine keeps its id unique
         return seen[1]
