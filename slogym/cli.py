@@ -359,7 +359,7 @@ def cmd_profile_fit(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(report | {"out": args.out})
         return 0
-    print(f"fitted {report.get('family', args.family)} on {report['n_train']} of {report['n_rows']} rows "
+    print(f"fitted {report['family']} on {report['n_train']} of {report['n_rows']} rows "
           f"({report['n_holdout']} held out)")
     print(f"train MAPE     {report['train_mape_pct']:.2f}%")
     held = report["holdout_mape_pct"]

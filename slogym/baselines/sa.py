@@ -74,7 +74,6 @@ running request by recompute, as vLLM preempts its lowest-priority one).
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
