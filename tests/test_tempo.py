@@ -207,28 +207,62 @@ def test_running_decodes_go_first_every_iteration(history: Workload) -> None:
     assert any(n > 0 and mixed for n, mixed in checked)  # decodes did share batches with prefill chunks
 
 
-def test_latency_sensitive_density_rises_towards_its_ttft_deadline(history: Workload) -> None:
-    # Eq. 3's TTFT term: a waiting latency-sensitive prompt gains urgency as its TTFT deadline nears and then
-    # outranks a throughput-intensive request of the same lengths (whose 20 s budget is far away)
-    reqs = [Request(0.0, [prefill(100, ttft=2.0), decode(200, tpot=0.1)], app="latency_sensitive"),
-            Request(0.0, [prefill(100), decode(200)], app="throughput_intensive", ttlt=20.0)]
-    w = Workload.from_requests(reqs, name="density-test")
-    pol = POLICIES["tempo-precise"](ENGINE, history=history)
+def _priorities(name: str, w: Workload, history: Workload, now: float, ready: float = 0.0,
+                tau: float = 0.02) -> tuple[np.ndarray, TempoScheduler]:
+    """Priorities of the requests of ``w`` (prompts not started, nothing generated) as seen at ``now``."""
+    pol = POLICIES[name](ENGINE, history=history)
     sim = Simulator(w, ENGINE, pol, seed=0)
     pol.reset(sim)
     sched, inst, rs = pol.scheduler, sim.instances[0], sim.rs
-    idx = np.arange(2)
-    rs.ready[idx] = 0.0
-    rs.num_tokens[idx] = 100
-    inst.last_dt = 0.02
+    idx = np.flatnonzero(w.group_stage == 0)
+    rs.ready[idx] = ready
+    rs.num_tokens[idx] = w.input_tokens[idx]
+    inst.last_dt = tau
+    return sched.priority(idx, inst, now), sched
 
-    def dens(now: float, ready: float = 0.0) -> np.ndarray:
-        rs.ready[idx] = ready
-        return sched.priority(idx, inst, now)
 
-    early, late = dens(0.0), dens(1.9)
-    assert late[0] > 5 * early[0] and late[0] > late[1]
-    assert late[1] > early[1]  # the TTLT request's budget shrinks too, more slowly
+def test_density_is_projected_gain_over_remaining_process_time(history: Workload) -> None:
+    # Eq. 4 / Alg. 1 line 16: gain over remaining process time T; the deadline only decays a projected miss
+    tau, wi, wo = 0.02, 1.0, 2.0
+    reqs = [Request(0.0, [prefill(100), decode(200)], app="throughput_intensive", ttlt=ttlt)
+            for ttlt in (20.0, 60.0, 3.0)]
+    w = Workload.from_requests(reqs, name="density-test")
+    t_rem = 1 * tau + 200 * tau  # one prefill chunk, 200 decode steps (true length: tempo-precise)
+    gain = wi * 100 + wo * 200
+    early, _ = _priorities("tempo-precise", w, history, now=0.0, tau=tau)
+    assert early[0] == pytest.approx(gain / t_rem) and early[1] == pytest.approx(early[0])  # slack: no urgency
+    assert early[2] == pytest.approx(gain * 3.0 / t_rem / t_rem)  # projected TTLT 4.02 s > 3 s: f = 3 / 4.02
+    late, _ = _priorities("tempo-precise", w, history, now=18.0, tau=tau)
+    assert late[0] == pytest.approx(gain * (20.0 / (18.0 + t_rem)) / t_rem)  # decays once a miss is projected
+    assert late[1] == pytest.approx(early[1])
+
+
+def test_latency_sensitive_prompt_outranks_throughput_request_and_decays_after_its_ttft(history: Workload) -> None:
+    # Eq. 3's TTFT term: the prompt's gain over its prefill time; a prompt past its TTFT deadline decays
+    reqs = [Request(0.0, [prefill(100, ttft=2.0), decode(200, tpot=0.1)], app="latency_sensitive"),
+            Request(0.0, [prefill(100), decode(200)], app="throughput_intensive", ttlt=20.0)]
+    w = Workload.from_requests(reqs, name="density-test")
+    fresh, _ = _priorities("tempo-precise", w, history, now=0.0)
+    assert fresh[0] > 10 * fresh[1]
+    stale, _ = _priorities("tempo-precise", w, history, now=4.0)
+    assert stale[0] < 0.6 * fresh[0]
+
+
+def test_only_tempo_precise_reads_true_output_lengths(history: Workload) -> None:
+    # the QRF, no-predictor, no-graph and SJF variants must rank identical prompts identically whatever the
+    # (unknown) output lengths; Tempo-Precise is told them (Fig. 12, 15)
+    def workload(outs: list[int]) -> Workload:
+        reqs = [Request(0.0, [prefill(120, ttft=2.0), decode(outs[0], tpot=0.1)], app="latency_sensitive"),
+                Request(0.0, [prefill(300), decode(outs[1])], app="throughput_intensive", ttlt=20.0)]
+        reqs += [Request(0.0, [prefill(400), decode(o)], app="collective_tot", ttlt=40.0, group=0,
+                         group_stage=s) for s, o in ((0, outs[2]), (0, outs[3]), (1, 50), (1, 50))]
+        return Workload.from_requests(reqs, name="leak-test")
+
+    short, long_ = workload([20, 30, 40, 60]), workload([900, 1000, 1500, 1200])
+    for name in POLICIES:
+        a, _ = _priorities(name, short, history, now=1.0)
+        b, _ = _priorities(name, long_, history, now=1.0)
+        assert np.array_equal(a, b) != (name == "tempo-precise"), name
 
 
 def test_invalid_parameters_raise() -> None:

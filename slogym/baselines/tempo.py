@@ -29,13 +29,17 @@ Reconstructed symbols (the text is ambiguous or the formula is lost), per reques
   profile, §4.2 "token processing speed ... can be profiled"); remaining prefill time
   ``T_p = ceil(P / token_budget) * tau``, remaining processing time ``T = T_p + R * tau``. A collective request
   uses the max ``T`` over the live requests of its stage (Alg. 1 line 17-18).
-* one density term per SLO (Eq. 4 generalized): ``term(G, D, t_ref, T) = G * f / max(D - now, T)`` -- the
-  projected gain ``G * f`` with ``f = min{1, ((D - t_ref) / (now + T - t_ref))^alpha}`` (Eq. 2's decay of the
-  estimated metric ``now + T - t_ref`` against the SLO ``D - t_ref``; Eq. 4 prints the ratio inverted, which
-  would make a request *gain* from being late) over the remaining time budget. Alg. 1 line 16 writes the
-  budget ``Estimated_TTLT - processed_time``; with ``Estimated_TTLT`` the finish under just enough bandwidth,
-  ``max(SLO, elapsed + T)``, it is ``max(D - now, T)``: a request with slack yields bandwidth ("allocates just
-  enough bandwidth", §3), a hopeless one decays through ``f``.
+* one density term per SLO (Eq. 4): ``term(G, D, t_ref, T) = G * f / T`` -- the projected gain ``G * f`` per unit
+  of *remaining process time* ``T`` (Alg. 1 line 16 ``remain_process_time = Estimated_TTLT - processed_time``
+  with ``Estimated_TTLT = processed_time + T``; Eq. 4's denominator "Potential Remain Process Time"; §4.2
+  "service density by potential_service_gain / potential_remain_process_time"), with §3.1's decay
+  ``f = min{1, ((D - t_ref) / (now + T - t_ref))^alpha}`` of the estimated metric ``now + T - t_ref`` against
+  the SLO ``D - t_ref`` (Alg. 1 line 19 ``ComputeService(SLO, Estimated_Metrics)``, the "projected service
+  gain"). Eq. 4 prints the ratio inverted, ``(Estimated_TTLT / SLO)^alpha``, which is not §3.1's decreasing
+  ``f``; we keep §3.1's (docs/baselines/tempo.md gives the measured effect of both). So the deadline acts
+  through ``f`` only: a request projected to miss it (its stage's share, for a collective call) loses
+  density, one with slack keeps its full gain rate. An earlier version divided by ``max(D - now, T)``, a
+  reconstruction of a "paced" Estimated_TTLT that the text does not define.
 * throughput-intensive and collective requests (Eq. 2): one term, ``G = w_i L_i + w_o (generated + R)``,
   ``D = arrival + ttlt`` (``t_ref`` arrival) or the stage deadline (``t_ref`` the stage's start).
 * latency-sensitive requests (Eq. 3, whose two sums have their own SLOs): the sum of a TTFT term
@@ -244,20 +248,20 @@ class TempoScheduler(TokenBudgetScheduler):
 
     def _term(self, gain: np.ndarray, dl: np.ndarray, t_ref: np.ndarray, t_need: np.ndarray,
               now: float) -> np.ndarray:
-        """Density of one SLO term: projected gain ``gain * f`` over the remaining time budget (Eq. 4), with
-        ``f = min{1, ((dl - t_ref) / (now + t_need - t_ref))^alpha}`` (the estimated metric against its SLO) and
-        budget ``max(dl - now, t_need)``; 0 without a deadline."""
+        """Density of one SLO term (Eq. 4, Alg. 1 lines 15-19): projected gain ``gain * f`` over the remaining
+        process time ``t_need``, with ``f = min{1, ((dl - t_ref) / (now + t_need - t_ref))^alpha}`` (§3.1's
+        decay of the estimated metric against its SLO); 0 without a deadline."""
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             ratio = (dl - t_ref) / np.maximum(now + t_need - t_ref, 1e-9)
             f = self.sim._decay(np.maximum(np.where(np.isfinite(dl), ratio, 1.0), 0.0))
-            budget = np.maximum(dl - now, np.maximum(t_need, 1e-9))
-            return np.where(np.isfinite(dl), gain * f / budget, 0.0)
+            return np.where(np.isfinite(dl), gain * f / np.maximum(t_need, 1e-9), 0.0)
 
     def _density(self, idx: np.ndarray, r_out: np.ndarray, t_pre: np.ndarray, t_rem: np.ndarray,
                  sid: np.ndarray, now: float) -> np.ndarray:
         """Service density (Eq. 4) per SLO type: TTLT and collective requests one Eq. 2 term against their
-        (stage) deadline; latency-sensitive ones the two Eq. 3 terms -- the prompt against the TTFT deadline
-        while it is being prefilled, the remaining output against the deadline line of its last token."""
+        (stage) deadline over the remaining time ``t_rem``; latency-sensitive ones the two Eq. 3 terms -- the
+        prompt against the TTFT deadline over the remaining prefill time while it is being prefilled, the
+        remaining output against the deadline line of its last token over ``t_rem``."""
         w, rs = self.w, self.rs
         slo = self.slo[idx]
         stage = rs.stage[idx]
