@@ -255,10 +255,10 @@ def test_one_batch_alone_equals_the_vectorized_time(name):
     one = [spec.batch_time_one(BatchFeatures(*(int(a[i]) for a in f))) for i in range(300)]
     assert all(isinstance(v, float) for v in one) and np.array_equal(np.array(one), t)
     if spec.perf.family == "analytic":  # compiled for NumPy; the uncompiled formula (CuPy's path) must agree
-        from slogym.engines.perf_models import _analytic_time
+        from slogym.engines.perf_models import analytic_time
 
         args = (f.prefill_tokens, f.prefill_seqs, f.prefill_attn, f.decode_seqs, f.decode_tokens, f.decode_ctx)
-        assert np.array_equal(_analytic_time.py_func(*args, spec.perf._coef), t)
+        assert np.array_equal(analytic_time.py_func(*args, spec.perf._coef), t)
 
 
 def test_llama3_8b_h100_sanity():

@@ -19,6 +19,7 @@ from slogym.baselines.common import (TokenBudgetScheduler, decode_batch, decodes
                                      split_running, unstick)
 from slogym.core.batch import Batch
 from slogym.core.instance import Instance
+from slogym.core.pilot import STALL_FREE
 
 
 class SarathiScheduler(TokenBudgetScheduler):
@@ -44,3 +45,9 @@ class SarathiScheduler(TokenBudgetScheduler):
         # decodes alone repeat; with prefill chunks, only a single chunk cut by the budget does
         steady = (repeatable or req.size == dec.size) and not victims
         return Batch(req=req, tokens=tok, preempt=tuple(victims), steady=steady)
+
+    def pilot_rule(self, inst: Instance) -> tuple[int, int, int, int] | None:
+        """The compiled pilot's stall-free rule is this ``next_batch`` (a subclass that changes it opts out)."""
+        if type(self).next_batch is not SarathiScheduler.next_batch:
+            return None
+        return STALL_FREE, self.token_budget, self.max_num_seqs, 0

@@ -18,6 +18,7 @@ from slogym.baselines.common import (batch_of, decode_batch, fill_prefill_chunks
                                      split_running, unstick)
 from slogym.core.batch import Batch
 from slogym.core.instance import Instance
+from slogym.core.pilot import PREFILL_FIRST
 from slogym.core.policy import Scheduler
 
 
@@ -47,3 +48,9 @@ class VLLMScheduler(Scheduler):
             return unstick(inst, lambda r: arrival[r])
         keep, victims, _ = make_room_for_decodes(inst, dec, lambda r: arrival[r])
         return decode_batch(keep, victims, steady=not victims)
+
+    def pilot_rule(self, inst: Instance) -> tuple[int, int, int, int] | None:
+        """The compiled pilot's prefill-first rule is this ``next_batch`` (a subclass that changes it opts out)."""
+        if type(self).next_batch is not VLLMScheduler.next_batch:
+            return None
+        return PREFILL_FIRST, self.max_num_batched_tokens, self.max_num_seqs, int(self.watermark * inst.total_blocks)

@@ -68,6 +68,8 @@ class Instance:
         one = getattr(engine, "batch_time_one", None)
         self.time_one = one if one is not None else (
             lambda f: float(engine.batch_time(BatchFeatures(*(np.array([v], np.int64) for v in f)))[0]))
+        coef = getattr(engine, "compiled_time", None)
+        self.time_coef: np.ndarray | None = None if coef is None else coef()  # for the compiled pilot
         self.last_dt = 0.01
         self.iterations = 0
         self.busy_time = 0.0

@@ -83,6 +83,12 @@ class Scheduler(ABC):
     def next_batch(self, inst: "Instance", now: float) -> Batch | None:
         """The next iteration's batch, or None to idle."""
 
+    def pilot_rule(self, inst: "Instance") -> tuple[int, int, int, int] | None:
+        """``(rule, token budget, max_num_seqs, reserved KV blocks)`` when ``next_batch`` is exactly one of the
+        compiled pilot's rules (``slogym.core.pilot``) on ``inst``, so the simulator may run its iterations
+        compiled; None (the default) keeps every decision in ``next_batch``."""
+        return None
+
 
 class Scaler(ABC):
     """Changes the cluster's shape every ``interval`` seconds."""

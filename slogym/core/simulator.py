@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from slogym.core import kernels
+from slogym.core import kernels, pilot
 from slogym.core.batch import Batch, BatchFeatures
 from slogym.core.errors import SchedulerError
 from slogym.core.cluster import KVTransfer, cold_start_of
@@ -48,6 +48,7 @@ _QUEUED, _WAITING, _RUNNING, _EXTERNAL, _DONE, _TRANSFER = (int(s) for s in (
     Status.QUEUED, Status.WAITING, Status.RUNNING, Status.EXTERNAL, Status.DONE, Status.TRANSFER))
 _FINISHED, _BEST_EFFORT = int(Outcome.FINISHED), int(Outcome.BEST_EFFORT)
 _FF_MAX = 4096
+_PILOT_HEAD = 64  # waiting requests the pilot sees; it hands back to Python when it would need more
 # fewer iterations to the next event than this are stepped: a bulk call costs about as much as ~4 steps
 FF_MIN_STRETCH = 4
 _Gen = Generator[tuple, Any, None]
@@ -64,6 +65,8 @@ class Simulator:
     sg_weights    Tempo service-gain weights (w_i, w_o), Eq. 1; ``sg_alpha`` the divisive-decay exponent
     spec_acceptance  per-token acceptance probability of speculative drafts (SLOs-Serve App. D)
     fast_forward  allow the vectorized decode fast-forward (results are identical either way)
+    pilot         let FCFS-family schedulers run between events compiled (``slogym.core.pilot``; identical
+                  results either way)
     pd            ``(P, D)``: a disaggregated cluster, instances 0..P-1 PREFILL and P..P+D-1 DECODE
                   (``n_instances`` = P + D or omitted); None = every instance COLOCATED
     transfer      the KV-transfer time model of disaggregation (:class:`~slogym.core.cluster.KVTransfer`;
@@ -93,6 +96,7 @@ class Simulator:
         sg_alpha: float = 1.0,
         spec_acceptance: float = 0.7,
         fast_forward: bool = True,
+        pilot: bool = True,
         validate: bool = True,
         progress: bool = False,
     ) -> None:
@@ -113,6 +117,8 @@ class Simulator:
         # a backend timing iterations itself cannot be fast-forwarded through the vectorized perf model
         self._timed_here = not self.live and type(self).iteration_time is Simulator.iteration_time
         self.fast_forward = fast_forward and self._timed_here
+        self.pilot = pilot and self._timed_here and type(self).on_kv_freed is Simulator.on_kv_freed \
+            and type(self).on_request_placed is Simulator.on_request_placed
         self.validate = validate
         self.progress = progress
         engines = list(engine) if isinstance(engine, (list, tuple)) else [engine] * n_instances
@@ -159,6 +165,7 @@ class Simulator:
         """Generator over the run; yields decision requests when an agent is attached (see module doc)."""
         self._wall0 = time.perf_counter()
         self.policy.reset(self)
+        self._pilot_on = self.pilot and not self.agent_schedule
         if self.policy.scaler is not None:
             self.add_timer(self.policy.scaler.interval, self._scaler_tick)
         yield from self._loop()
@@ -314,6 +321,7 @@ class Simulator:
         self._na = 0
         self._n_done = 0
         self.ff_iterations = 0
+        self.pilot_iterations = 0
         self.wall_seconds = 0.0
         self._skind = w.stage_kind.astype(np.int64)
         self._is_dec_stage = self._skind == _DECODE
@@ -324,6 +332,8 @@ class Simulator:
         self._waits_with_kv = np.zeros(len(w), np.bool_)  # joined a waiting list holding KV (n_waiting_kv)
         self._blocks_buf = np.empty(len(w), np.int64)  # KV blocks per request of the batch being launched
         self._no_spec = np.zeros(len(w), np.int64)
+        self._pilot_args = self._pilot_tables()
+        self._pilot_bufs = tuple(np.empty(len(w), np.int64) for _ in range(5))  # running, done, req, tokens, blocks
         # largest context a request reaches: all its prefill and decode tokens (KV kept across stages)
         tok = np.where(w.stage_kind != _EXTERNAL, w.stage_tokens, 0)
         c = np.concatenate(([0], np.cumsum(tok)))
@@ -624,7 +634,10 @@ class Simulator:
         iteration away); otherwise the scheduler is asked again at ``t``. ``horizon`` is the next event's time.
         """
         rs, w = self.rs, self.w
-        through = self.policy.scheduler.steady_through_finish and not inst.waiting and not self.global_queue
+        # a finish frees KV and budget: only the rule's whole input (every running request, nothing waiting)
+        # guarantees the next batch is the rest of this one
+        through = (self.policy.scheduler.steady_through_finish and not inst.waiting and not self.global_queue
+                   and idx.size == len(inst.running))
         k_cap = int((horizon - t) / inst.last_dt) + 2 if horizon < INF else _FF_MAX
         is_dec = np.empty(idx.size, np.bool_)
         q_max, left = np.empty(idx.size, np.int64), np.empty(idx.size, np.int64)
@@ -689,8 +702,81 @@ class Simulator:
         """Tempo's divisive decay f = min{1, (SLO / metric)^alpha} (Eq. 2-3) from ratio = SLO / metric."""
         return kernels.decay(ratio, self.sg_alpha)
 
+    # ================================================================== the compiled pilot
+    def _pilot_tables(self) -> tuple:
+        """The request tables :func:`slogym.core.pilot.run_instance` reads and writes, and which requests it
+        finishes itself: a prompt, optionally followed by one decode stage, outside any collective group."""
+        rs, w = self.rs, self.w
+        first = w.stage_ptr[:-1]
+        n_st = np.diff(w.stage_ptr)
+        nxt = np.minimum(first + 1, len(self._skind) - 1)
+        simple = (w.group < 0) & (self._skind[first] == _PREFILL) & (
+            (n_st == 1) | ((n_st == 2) & (self._skind[nxt] == _DECODE)))
+        return (rs.F, rs.I, rs.status, rs.first_scheduled, rs.stage, rs.ready, rs.ttft_slack, rs.sg_in,
+                rs.first_token, rs.stage_t0, rs.mean_slack, rs.outcome, rs.finish, rs.be, simple, w.stage_ptr,
+                self._is_dec_stage, w.stage_ttft, w.stage_tokens, w.stage_tpot, float(self.sg_weights[0]),
+                self.sg_alpha, NO_TPOT)
+
+    def _pilot(self, inst: Instance, t: float) -> _Gen:
+        """End ``inst``'s iteration at ``t`` and run it up to the next event with the compiled pilot when its
+        scheduler and perf model have compiled forms; returns False (nothing done) when it does not apply."""
+        idx, tok, spec = inst.inflight
+        rule = None
+        if (inst.time_coef is not None and spec is None and inst.role == Role.COLOCATED and not self._lifecycle
+                and not inst.n_waiting_kv):
+            rule = self.policy.scheduler.pilot_rule(inst)
+        if rule is None:
+            return False
+        run, done, req, rtok, blocks = self._pilot_bufs
+        n_run = len(inst.running)
+        run[:n_run] = inst.running_array()
+        head = np.array(inst.waiting[:_PILOT_HEAD], np.int64)
+        code, t, t_end, m, n_run, n_adm, n_done, free, iters, tokens, busy, last_dt = pilot.run_instance(
+            *self._pilot_args, idx, tok, run, n_run, head, len(inst.waiting) > head.size, bool(self.global_queue),
+            inst.free_blocks, inst.block_size, *rule, inst.time_coef, t, self._ff_horizon(), inst.busy_time, done,
+            req, rtok, blocks, self._fin_buf, self._pre_buf, self._no_spec)
+        inst.inflight = None
+        inst.iterations += iters
+        self.pilot_iterations += iters
+        inst.tokens += tokens
+        inst.free_blocks = free
+        inst.busy_time = busy
+        if n_adm:
+            del inst.waiting[:n_adm]
+        inst.running = run[:n_run].tolist()
+        inst.running_changed()
+        if n_done:
+            self._pilot_done(done[:n_done].tolist())
+        self.now = t
+        if code == pilot.TRANSITIONS:  # the rest of _on_iteration_done, in Python
+            for r in self._fin_buf[:m].tolist():
+                yield from self._transition(r, t)
+        inst.busy = False
+        if code == pilot.LAUNCHED:
+            inst.last_dt = last_dt
+            inst.busy = True
+            inst.inflight = (req[:m].copy(), rtok[:m].copy(), None)
+            self._seq += 1
+            heapq.heappush(self._iter, (t_end, self._seq, inst.id))
+        elif iters > 1:
+            inst.last_dt = last_dt
+        if code in (pilot.SCHEDULE, pilot.TRANSITIONS) and inst.n_resident:
+            yield from self._schedule(inst, t)
+        return True
+
+    def _pilot_done(self, done: list[int]) -> None:
+        """Bookkeeping of requests the pilot finished (their outcomes are already written)."""
+        before = self._n_done
+        self._n_done += len(done)
+        if self.completed is not None:
+            self.completed.extend(done)
+        if self._pbar is not None and self._n_done // 1024 > before // 1024:
+            self._pbar.update(1024 * (self._n_done // 1024 - before // 1024))
+
     # ================================================================== iteration end: token accounting
     def _on_iteration_done(self, inst: Instance, t: float) -> _Gen:
+        if self._pilot_on and (yield from self._pilot(inst, t)):
+            return
         idx, tok, spec = inst.inflight
         inst.inflight = None
         inst.iterations += 1
@@ -985,5 +1071,8 @@ class Simulator:
             rs.outcome[r] = Outcome.DROPPED
             rs.finish[r] = self.now
         self.global_queue.clear()
+        # the pilot runs one instance up to the next event that can reach it, so its log entries may come before
+        # another instance's earlier ones: the log is kept in time order (stable: same-time entries keep theirs)
+        self.events.sort(key=lambda e: e[0])
         fin = rs.finish[~np.isnan(rs.finish)]
         self.end_time = max(self.now, float(fin.max()) if fin.size else 0.0)

@@ -130,6 +130,13 @@ class EngineSpec:
     def batch_time_one(self, f: BatchFeatures) -> float:
         return self.perf.batch_time_one(f)
 
+    def compiled_time(self) -> np.ndarray | None:
+        """The perf model's coefficients for the compiled pilot (``slogym.core.pilot``), or None."""
+        fn = getattr(self.perf, "compiled_time", None)
+        same = type(self).batch_time_one is EngineSpec.batch_time_one and \
+            type(self.perf).batch_time_one is PerfModel.batch_time_one
+        return fn() if fn is not None and same else None
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name, "model": self.model, "gpu": self.gpu, "tp": self.tp,

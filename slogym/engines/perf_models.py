@@ -236,7 +236,7 @@ class TablePerf(PerfModel):
 
 
 @njit(cache=True, nogil=True)
-def _analytic_time(prefill_tokens: Any, prefill_seqs: Any, prefill_attn: Any, decode_seqs: Any, decode_tokens: Any,
+def analytic_time(prefill_tokens: Any, prefill_seqs: Any, prefill_attn: Any, decode_seqs: Any, decode_tokens: Any,
                    decode_ctx: Any, c: numpy.ndarray) -> Any:
     """:class:`AnalyticPerf`'s formula, element-wise on ints or arrays; ``c`` = (lin_c, lin_a, lin_w, tok, pf_c,
     pf_b, dec, attn_fix, lm_c, lm_w, fixed), the per-iteration coefficients its ``__init__`` folds."""
@@ -320,7 +320,12 @@ class AnalyticPerf(PerfModel):
                 self._coef)
         # compiled for Python ints and NumPy arrays (the simulator's paths); other array modules (CuPy) run the
         # same formula uncompiled, their arrays dispatching NumPy's ufuncs
-        return _analytic_time(*args) if x is None or x is SCALAR or x is numpy else _analytic_time.py_func(*args)
+        return analytic_time(*args) if x is None or x is SCALAR or x is numpy else analytic_time.py_func(*args)
+
+    def compiled_time(self) -> numpy.ndarray:
+        """Coefficients of :func:`analytic_time`, the compiled formula the simulator's pilot calls
+        (``slogym.core.pilot``); None for a subclass that changes ``batch_time`` (it is stepped in Python)."""
+        return self._coef if type(self).batch_time is AnalyticPerf.batch_time else None
 
     def attention_layer_time(self, f: BatchFeatures) -> Any:
         """Attention kernel time of one layer on one GPU (the terms ``attention.csv`` measures)."""

@@ -44,6 +44,9 @@ CLIP = 10.0
 DECODE = int(StageKind.DECODE)
 INSTANCE_FEATURES = ("queue_tokens", "waiting", "running", "kv_utilization", "iteration_time")
 """Per-instance load features (see :meth:`ServingEnv._instance_features`)."""
+N_COEF = 11
+"""Coefficients of the compiled perf model (:func:`slogym.engines.perf_models.analytic_time`)."""
+_EMPTY32 = np.zeros(0, np.float32)
 
 
 def drive(steps: Generator[tuple, float, Any]) -> Any:
@@ -225,6 +228,8 @@ class ServingEnv(gym.Env):
             return 0.0
         idx = np.array(done, dtype=np.int64)
         done.clear()
+        if idx.size > 1:  # outcomes in time order: a fast-forwarded or piloted instance reports its stretch at once
+            idx = idx[np.argsort(sim.rs.finish[idx], kind="stable")]
         n_met, self._ewma = kernels.credit(idx, self._mode, self._ewma, *self._verdict_args)
         self._n_met += n_met
         if self.reward_name == "goodput":
@@ -255,7 +260,9 @@ class ServingEnv(gym.Env):
         self._ewma = 1.0
         self._mode = MODES.index(sim.attainment)
         self._verdict_args = verdict_arrays(sim)
-        # per instance id: (running count, context) of the last decode-step time computed, and that time
+        # per instance id: compiled perf-model coefficients; (running count, context) of the last decode-step
+        # time computed in Python, and that time (see _grow_tables)
+        self._coef = np.zeros((0, N_COEF))
         self._memo_nc = np.full((0, 2), -1, np.int64)
         self._memo_t = np.zeros(0)
         self._stale = np.zeros((0, 3), np.int64)  # scratch: instances whose decode-step time the kernel left
@@ -323,9 +330,10 @@ class ServingEnv(gym.Env):
         return img
 
     # ------------------------------------------------------------------ shared observation parts
-    def _arrival_obs(self, r: int, now: float) -> dict[str, np.ndarray]:
-        """Observation of an arrival decision on request ``r`` (see :mod:`slogym.envs.arrival`), built by one
-        compiled call (:func:`slogym.envs.kernels.arrival_observation`)."""
+    def _arrival_obs(self, r: int, now: float, since: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """Observation of an arrival decision on request ``r`` (see :mod:`slogym.envs.arrival`; with
+        ``placed_since`` from the counts ``since`` if given), built by one compiled call
+        (:func:`slogym.envs.kernels.arrival_observation`)."""
         sim = self.sim
         w, rs = sim.w, sim.rs
         insts = sim.instances
@@ -334,18 +342,22 @@ class ServingEnv(gym.Env):
         obs = {"request": np.empty(8, f32), "app": np.empty(self.n_apps, f32), "tier": np.empty(self.n_tiers, f32),
                "instances": np.empty((len(insts), len(INSTANCE_FEATURES)), f32),
                "slack": np.empty((len(insts), self.n_tiers), f32), "recent": np.empty(2, f32)}
+        if since is None:
+            since = out_since = _EMPTY32
+        else:
+            out_since = obs["placed_since"] = np.empty(since.size, f32)
         if n := kernels.arrival_observation(
                 r, self._request_rows, w.app, w.tier, self._ewma, sim._n_done / max(len(w), 1), rs.I, rs.F, rs.stage,
-                rs.ready, w.stage_kind, w.stage_ttft, DECODE, rs.slot, run, wait, shape, self._memo_nc, self._memo_t,
-                now, CLIP, obs["request"], obs["app"], obs["tier"], obs["recent"], obs["instances"], obs["slack"],
-                self._stale):
+                rs.ready, w.stage_kind, w.stage_ttft, DECODE, rs.slot, run, wait, shape, self._coef, self._memo_nc,
+                self._memo_t, now, CLIP, since, obs["request"], obs["app"], obs["tier"], obs["recent"],
+                obs["instances"], obs["slack"], out_since, self._stale):
             self._time_stale(insts, obs["instances"], n)
         return obs
 
     def _load_inputs(self, insts: list[Instance]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """What :func:`slogym.envs.kernels.instance_load` reads about ``insts``: their running requests and
         their waiting requests (each concatenated in instance order) and, flat, per instance ``(waiting,
-        running, free KV blocks, total KV blocks, max_num_seqs, id)``. Sizes the per-instance memos."""
+        running, free KV blocks, total KV blocks, max_num_seqs, id)``. Sizes the per-instance tables."""
         flat: list[int] = []
         if len(insts) == 1:
             i = insts[0]
@@ -361,13 +373,24 @@ class ServingEnv(gym.Env):
                 flat += (len(i.waiting), r.size, i.free_blocks, i.total_blocks, i.engine.max_num_seqs, i.id)
             run = np.concatenate(runs)
         shape = np.array(flat, np.int64)
-        n_ids = len(self.sim.instances)
-        if self._memo_t.size < n_ids:
-            grow = n_ids - self._memo_t.size
-            self._memo_nc = np.concatenate((self._memo_nc, np.full((grow, 2), -1, np.int64)))
-            self._memo_t = np.concatenate((self._memo_t, np.zeros(grow)))
-            self._stale = np.zeros((n_ids, 3), np.int64)
+        if self._memo_t.size < len(self.sim.instances):
+            self._grow_tables()
         return run, np.array(waiting, np.int64), shape
+
+    def _grow_tables(self) -> None:
+        """Rows for the simulator's new instances (by id): decode-step time memo, compiled perf-model
+        coefficients (``Instance.time_coef``, NaN where there are none), and the stale scratch."""
+        insts = self.sim.instances
+        old, n_ids = self._memo_t.size, len(insts)
+        coef = np.full((n_ids - old, N_COEF), np.nan)
+        for k, inst in enumerate(insts[old:]):
+            c = getattr(inst, "time_coef", None)
+            if c is not None:
+                coef[k] = c
+        self._coef = np.concatenate((self._coef, coef))
+        self._memo_nc = np.concatenate((self._memo_nc, np.full((n_ids - old, 2), -1, np.int64)))
+        self._memo_t = np.concatenate((self._memo_t, np.zeros(n_ids - old)))
+        self._stale = np.zeros((n_ids, 3), np.int64)
 
     def _time_stale(self, insts: list[Instance], out: np.ndarray, n: int) -> None:
         """Time a decode step of every running request on the ``n`` instances the kernel listed in ``_stale``
@@ -385,8 +408,8 @@ class ServingEnv(gym.Env):
         function of those features)."""
         run, wait, shape = self._load_inputs(insts)
         out = np.empty((len(insts), len(INSTANCE_FEATURES)), np.float32)
-        if n := kernels.instance_load(self.sim.rs.I, run, wait, shape, self._memo_nc, self._memo_t, CLIP, out,
-                                      self._stale):
+        if n := kernels.instance_load(self.sim.rs.I, run, wait, shape, self._coef, self._memo_nc, self._memo_t,
+                                      CLIP, out, self._stale):
             self._time_stale(insts, out, n)
         return out
 

@@ -1,0 +1,105 @@
+"""The compiled pilot (slogym.core.pilot) gives bit-identical runs to stepping every iteration in Python: on
+scenario presets under KV pressure and without, with one and several instances, on random workloads (tool calls,
+collective groups, tiny KV, every block size), and through the arrival environments."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import slogym  # noqa: F401  (registers the envs)
+from helpers import FF_FIELDS, assert_runs_equal, workloads
+from slogym.baselines import make_policy
+from slogym.core import simulator as simulator_module
+from slogym.core.simulator import Simulator
+from slogym.engines.registry import get_engine
+from slogym.workloads.scenarios import SCENARIOS, make_workload
+
+H100 = get_engine("llama3-8b-h100")
+TP2 = get_engine("llama2-70b-a100-tp2")  # 1,153 KV blocks: preemption and unsticking are frequent
+PILOT_FIELDS = FF_FIELDS  # the iteration counters of either shortcut differ; nothing else may
+
+
+def _run(w, engine, policy, n_instances, ff, pilot, router=None, **params):
+    pol = make_policy(policy, engine, router=router, **params)
+    return Simulator(w, engine, pol, n_instances=n_instances, seed=3, fast_forward=ff, pilot=pilot).run()
+
+
+def _assert_same(a: Simulator, b: Simulator) -> None:
+    assert_runs_equal(a.result(), b.result(), ignore=PILOT_FIELDS)
+    for name in ("F", "I", "recomputed", "n_preempt", "first_scheduled"):
+        assert np.array_equal(getattr(a.rs, name), getattr(b.rs, name), equal_nan=True), name
+    assert [(x.iterations, x.tokens, x.busy_time, x.free_blocks) for x in a.instances] == \
+        [(x.iterations, x.tokens, x.busy_time, x.free_blocks) for x in b.instances]
+    assert a.events == b.events
+
+
+@pytest.mark.parametrize("engine", [H100, TP2], ids=["h100", "70b-tp2"])
+@pytest.mark.parametrize("scenario,rate,n_inst", [("chatbot", 1.0, 1), ("mixed", 1.5, 2), ("toolllm", 0.3, 1),
+                                                  ("tempo-mix", 1.0, 2)])
+@pytest.mark.parametrize("policy", ["sarathi", "vllm"])
+def test_pilot_equals_stepping_on_presets(engine, scenario, rate, n_inst, policy):
+    n = 60 if scenario == "tempo-mix" else 300
+    w = make_workload(scenario, rate=SCENARIOS[scenario].default_rate * rate * n_inst, n_requests=n, seed=1)
+    step = _run(w, engine, policy, n_inst, ff=False, pilot=False)
+    piloted = _run(w, engine, policy, n_inst, ff=True, pilot=True)
+    assert piloted.pilot_iterations > 0, "the pilot never engaged: the comparison would be vacuous"
+    _assert_same(step, piloted)
+    _assert_same(step, _run(w, engine, policy, n_inst, ff=True, pilot=False))
+
+
+def test_fast_forward_does_not_run_through_a_finish_that_frees_kv_for_a_prefill():
+    """Regression: a steady decode batch that leaves out a running request still prefilling (no KV for its chunk)
+    must not fast-forward through a finish, because the freed KV gives that request its chunk next iteration."""
+    w = make_workload("toolllm", rate=SCENARIOS["toolllm"].default_rate * 0.3, n_requests=400, seed=1)
+    step = _run(w, TP2, "sarathi", 1, ff=False, pilot=False)
+    ff = _run(w, TP2, "sarathi", 1, ff=True, pilot=False)
+    assert ff.ff_iterations > 0
+    _assert_same(step, ff)
+
+
+SETTINGS = dict(deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@settings(max_examples=80, **SETTINGS)
+@given(w=workloads(max_requests=10, groups=True), kv=st.sampled_from([64, 256, 1024, 20000]),
+       block=st.sampled_from([1, 4, 16]), seqs=st.sampled_from([2, 8, 64]), budget=st.sampled_from([32, 256, 2048]),
+       policy=st.sampled_from(["sarathi", "vllm"]), router=st.sampled_from(["round-robin", "least-load"]),
+       n_inst=st.integers(1, 3))
+def test_pilot_equals_stepping_on_random_workloads(w, kv, block, seqs, budget, policy, router, n_inst):
+    engine = replace(TP2, kv_capacity_tokens=kv, block_size=block, max_num_seqs=seqs, max_num_batched_tokens=budget)
+    params = {"token_budget": budget} if policy == "sarathi" else {}
+    step = _run(w, engine, policy, n_inst, False, False, router, **params)
+    _assert_same(step, _run(w, engine, policy, n_inst, True, True, router, **params))
+
+
+@pytest.mark.parametrize("env_id,kw", [("slogym/Admission-v0", {}),
+                                       ("slogym/Routing-v0", {"n_instances": 3, "policy": "round-robin"})])
+def test_arrival_env_rollouts_equal_with_and_without_pilot(env_id, kw, monkeypatch):
+    """Random actions (Routing-v0's include deferral to the global queue, which wakes at every finish)."""
+    def rollout() -> list:
+        env = gym.make(env_id, scenario="chatbot", episode=200, seed=0, **kw).unwrapped
+        env.action_space.seed(1)
+        obs, _ = env.reset(seed=0)
+        out = [obs]
+        for _ in range(500):
+            obs, rew, term, trunc, _ = env.step(env.action_space.sample())
+            out.append((obs, rew, term, trunc))
+            if term or trunc:
+                out.append(env.reset()[0])
+        return out
+
+    piloted = rollout()
+    init = Simulator.__init__
+    monkeypatch.setattr(simulator_module.Simulator, "__init__",
+                        lambda self, *a, **k: init(self, *a, **(k | {"pilot": False})))
+    stepped = rollout()
+    assert len(piloted) == len(stepped)
+    for x, y in zip(piloted, stepped):
+        assert repr(x) == repr(y)
