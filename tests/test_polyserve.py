@@ -12,8 +12,8 @@ import pytest
 from helpers import assert_runs_equal
 from slogym.baselines import make_policy
 from slogym.baselines import polyserve_kernels as pk
-from slogym.baselines.polyserve import (POLICIES, dynamic_chunk, future_kv_peak, prefill_profile_table,
-                                        profile_table)
+from slogym.baselines.polyserve import (POLICIES, _profiled, dynamic_chunk, future_kv_peak, prefill_profile_table,
+                                        profile_table, remaining_curve)
 from slogym.core.batch import BatchFeatures
 from slogym.core.policy import DEFER
 from slogym.core.request import Request, Workload, decode, prefill
@@ -245,6 +245,8 @@ def test_polyserve_beats_random_on_a_small_loaded_cluster() -> None:
 
 
 def test_bad_parameters_raise() -> None:
+    with pytest.raises(ValueError, match="remaining='median'"):
+        POLICIES["polyserve-pd"](ENGINE, remaining="median")
     with pytest.raises(ValueError, match="avg_decode_len"):
         POLICIES["polyserve-co"](ENGINE, avg_decode_len=0)
     with pytest.raises(ValueError, match="token_budget"):
@@ -403,3 +405,94 @@ def test_decode_rows_count_requests_whose_kv_is_still_in_transfer() -> None:
     assert seen and min(seen) >= 1                      # the request being handed off is always counted
     assert all(not fleet_of.fleet.in_transfer(j) for j in range(4))  # arrived ones are pruned
     assert (sim.rs.outcome != Outcome.DROPPED).all()
+
+
+# ---------------------------------------------------------------------------------------------- CO prefill attention
+def _flat_prefill_profile(fleet: object) -> None:
+    """Replace the fleet's prefill profile with one whose time ignores the past: no prefill attention (§4.5)."""
+    p = fleet.ptable
+    fleet.ptable = _profiled(p.tokens, p.kv, np.repeat(p.times[:, :1], p.kv.size, axis=1))
+
+
+def _real_time(dec: int, kv_dec: int, chunk: int, past: int) -> float:
+    """The engine's own time of ``dec`` decodes reading ``kv_dec`` KV tokens plus one chunk after ``past``."""
+    f = BatchFeatures.build(prefill_tokens=np.array([chunk]), prefill_seqs=np.array([1]),
+                            prefill_attn=np.array([chunk * (past + chunk)]), prefill_sq=np.array([chunk * chunk]),
+                            decode_seqs=np.array([dec]), decode_tokens=np.array([dec]), decode_ctx=np.array([kv_dec]),
+                            kv_tokens=np.array([kv_dec + past + chunk]))
+    return float(np.asarray(ENGINE.batch_time(f))[0])
+
+
+def test_co_chunk_budget_counts_the_prefill_attention_over_its_past() -> None:
+    """§3.5: a co-located iteration's time includes the prefill chunk's attention over its past. Without past the
+    chunk is the table's budget less the decodes (§4.5); after a long past it is smaller, and the engine's own
+    time of that batch stays within the TPOT where the attention-free chunk overruns it."""
+    sim, pol = _bound(1, _chat_workload(60, prompt=8000, ttft=3.0))
+    fleet, table = pol.router.core.fleet, pol.router.core.fleet.table
+    dec, kv_dec, past, tpot = 100, 300_000, 6000, 0.05
+    kv = kv_dec + past
+    free = fleet.chunk_budget(dec, kv, tpot, 0)
+    long = fleet.chunk_budget(dec, kv, tpot, past)
+    assert free == table.token_budget_one(kv, tpot) - dec
+    assert 0 < long < free
+    assert _real_time(dec, kv_dec, free, past) > 1.04 * tpot
+    assert _real_time(dec, kv_dec, long, past) <= 1.01 * tpot
+    # the router's TTFT prediction (§4.7) reads the same chunk: a long prompt's first token comes later with the
+    # prefill attention than without it
+    for j in range(1, 41):
+        fleet.place(0, j, 2000, 0)
+    with_attn = pol.router.admission(np.array([0]), 0, 0.0, tpot).first_token[0]
+    _flat_prefill_profile(fleet)
+    assert pol.router.admission(np.array([0]), 0, 0.0, tpot).first_token[0] < with_attn
+    assert fleet.chunk_budget(dec, kv, tpot, past) == free
+
+
+def _prefill_iterations(flat: bool) -> np.ndarray:
+    """Durations of the iterations that prefill a chunk of an 8000-token prompt after >= 1500 tokens of past, on
+    one co-located instance decoding 80 requests (TPOT 50 ms)."""
+    reqs = [Request(0.0, [prefill(200, 1.0), decode(1500, 0.05)]) for _ in range(80)]
+    reqs.append(Request(2.0, [prefill(8000, 3.0), decode(10, 0.05)]))
+    pol = make_policy("polyserve-co", ENGINE)
+    sched, log = pol.scheduler, []
+    inner = sched.next_batch
+
+    def next_batch(inst, now):
+        if flat and not log:
+            _flat_prefill_profile(sched.core.fleet)
+        past = int(inst.sim.rs.num_computed[80])
+        b = inner(inst, now)
+        log.append((now, b is not None and 80 in b.req.tolist() and past < 8000 - 1 and past >= 1500))
+        return b
+
+    sched.next_batch = next_batch
+    sim = Simulator(Workload.from_requests(reqs), ENGINE, pol, n_instances=1).run()
+    assert (sim.rs.outcome == Outcome.FINISHED).all()
+    t = np.array([x[0] for x in log])
+    chunked = np.array([x[1] for x in log])[:-1]
+    return np.diff(t)[chunked]
+
+
+def test_co_batches_with_a_long_past_stay_within_the_tpot() -> None:
+    """Batch formation shrinks the chunk by its prefill attention (``Fleet.chunk_budget``): the simulated
+    iterations of a long prompt's later chunks beside a full decode batch stay at the TPOT; the attention-free
+    budget (§4.5's table alone) overruns it."""
+    fixed, flat = _prefill_iterations(False), _prefill_iterations(True)
+    assert fixed.size >= 3 and flat.size >= 3
+    assert fixed.max() <= 0.05 * 1.02
+    assert flat.max() > 0.05 * 1.1
+
+
+def test_remaining_output_curves() -> None:
+    """§4.5's average decode length: ``average`` predicts ``avg - generated`` (at least 1); ``residual`` the mean
+    remaining output of the requests that got as far, equal to the average for a new request and the expected rest
+    (not 1 token) for one past the average."""
+    out = np.random.default_rng(3).integers(1, 2049, 3000)
+    avg, res = remaining_curve(out, mode="average"), remaining_curve(out, mode="residual")
+    assert avg.tolist() == np.maximum(int(out.mean()) - np.arange(int(out.mean()) + 1), 1).tolist()
+    for g in (0, 1, 700, 1500, 2040, int(out.max())):
+        alive = out[out > g]
+        assert res[g] == (max(round(float((alive - g).mean())), 1) if alive.size else 1)
+    assert abs(int(res[0]) - out.mean()) <= 1
+    g = int(out.mean()) + 200  # past the average: the paper's rule says "next step", the residual ~ (2048 - g) / 2
+    assert avg[min(g, avg.size - 1)] == 1 and abs(int(res[g]) - (2048 - g) / 2) < 60
+    assert remaining_curve(out, avg_decode_len=500, mode="residual")[0] == 500

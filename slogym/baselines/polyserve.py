@@ -28,15 +28,19 @@ order, until one admits:
 **Admission test (§4.5 profile-based batch formation, §4.6 wait time, §4.7 continuous chunked-prefill
 prediction).** Iteration time is predicted from a *profile table* (batch size x KV-cache size -> time; built by
 :func:`profile_table` from the engine preset, ``table`` perf family). The output length of every request is
-predicted as the *average decode length*. The router simulates the future iterations of the instance with the
+predicted from the *average decode length* (:func:`remaining_curve`; by default the average of the requests that
+generated as many tokens, see Deviations). The router simulates the future iterations of the instance with the
 new request: every resident grows by one token per iteration until its predicted end; the largest KV size
 reached (``kv_peak``, computed exactly and vectorized by :func:`future_kv_peak`) and the token batch size give
 the predicted iteration time, which must stay within the host's TPOT (the host's TPOT is its tier's; lazy promotion
 makes a looser request obey the tighter host). Deadline-based SLOs (DSLO, §2.3: the ``k``-th token is due at
 ``arrival + TTFT + k * TPOT``) absorb single iterations that exceed the TPOT. For TTFT (co-location, §4.7): the
-chunk size the host can keep *for the whole prefill* is the token budget at ``kv_peak`` minus the decode batch;
-the first token is predicted at ``wait + ceil((queued prefill tokens + prompt) / chunk)`` iterations, where
-``wait`` is the rest of the host's current iteration (§4.6), and must be before the TTFT deadline. Otherwise the
+chunk size the host can keep *for the whole prefill* is the token budget at ``kv_peak`` minus the decode batch,
+shrunk so that the chunk's prefill attention over the past its last chunk attends fits too
+(:func:`polyserve_kernels.co_chunk`, the rule batch formation applies); the first token is predicted at ``wait +
+ceil((queued prefill tokens + prompt) / chunk)`` iterations (each timed with the chunk's attention over the
+prompt's mean past), where ``wait`` is the rest of the host's current iteration (§4.6), and must be before the
+TTFT deadline. Otherwise the
 router looks at other, lower-load machines (as the paper says).
 
 **Disaggregated (PD) prefill (§4.2, §4.6, §4.7).** Prefill instances are shared by all tiers and run their queue
@@ -55,7 +59,8 @@ router above with decode admission (next token after transfer, wait and one step
 :mod:`slogym.baselines.common`): every running decode runs; the rest of a *token budget* is filled with prefill
 chunks in TTFT-deadline order (demoted / best-effort requests last). PolyServe's budget is profile-based: the
 largest token batch whose predicted time at the current KV size stays within the instance's operating TPOT (its
-label's TPOT, or the tightest resident's if tighter). CO-Chunk instead uses a static budget.
+label's TPOT, or the tightest resident's if tighter), the head prompt's chunk paying for its attention over its past
+(:meth:`Fleet.chunk_budget`; PolyServe only). CO-Chunk instead uses a static budget.
 
 **Auto-scaling on a fixed fleet (§4.3-4.4).** Deviation: the paper moves servers between tiers and a best-effort
 pool that runs the same model ("scaling happens instantly"). slogym realises this on a fixed set of instances by
@@ -67,18 +72,25 @@ the instance-seconds spent outside the pool (:meth:`Fleet.instance_seconds`).
 
 **Baselines (§5.1).** CO-Random: uniformly random instance. CO-Minimal: the instance with the lowest predicted
 cycle (iteration) time. Both admit everything and form batches with the same profile budget at the tightest
-resident TPOT (only routing differs from PolyServe). CO-Chunk: CO-Minimal routing with a static token budget
-(the paper sweeps it and keeps the best; ``scripts/reproduce/polyserve.py`` does the sweep).
+resident TPOT, from the paper's (batch size, KV size) table alone (PolyServe's chunks also pay for their prefill
+attention; giving the baselines that too lowered their attainment, so they keep the paper's budget). CO-Chunk:
+CO-Minimal routing with a static token budget (the paper sweeps it and keeps the best;
+``scripts/reproduce/polyserve.py`` does the sweep).
 
-Deviations: the future-growth simulation starts every resident from its full known length (prompt tokens not yet
-prefilled counted as resident KV) -- conservative; the per-instance state the router reads is refreshed at every
-batch formation and on every placement, so it is at most one iteration old; the pending retry order is the
-simulator's (FCFS over the global queue). Reconstructed for PD prefill admission (the paper states the deadline
-order, "the highest-load server that can still achieve TTFT" and "the additional cycle" of prompts already
-scheduled, not how a prompt that jumps the queue is treated): the veto that no prompt predicted on time may turn
-late with the newcomer; the *prefill deadline* (§4.6 speaks of the second token for decode admission, not of a
-prefill deadline); and the replay assumes KV never limits a prefill batch (KV stays held until the transfer out
-ends, so under KV pressure the prediction is optimistic; the scheduler itself stops when KV is full). The PD
+Deviations: co-located iteration times count the prefill chunk's attention over its past, which §4.5's table omits
+below 10K tokens (§3.5 lists it; slogym's traces pass 10K): a (chunk x past) prefill profile
+(:func:`prefill_profile_table`) adds it to the table's time, read alike by batch formation and admission; the
+remaining output of a request that generated ``g`` tokens is by default the mean remaining output of the requests
+that got that far (``remaining="residual"``; the paper's ``avg - g``, which predicts every request past the average
+to end at its next step, is ``remaining="average"``); the future-growth simulation starts every resident from its
+full known length (prompt tokens not yet prefilled counted as resident KV) -- conservative; the per-instance state
+the router reads is refreshed at every batch formation and on every placement, so it is at most one iteration old;
+the pending retry order is the simulator's (FCFS over the global queue). Reconstructed for PD prefill admission (the
+paper states the deadline order, "the highest-load server that can still achieve TTFT" and "the additional cycle" of
+prompts already scheduled, not how a prompt that jumps the queue is treated): the veto that no prompt predicted on
+time may turn late with the newcomer; the *prefill deadline* (§4.6 speaks of the second token for decode admission,
+not of a prefill deadline); and the replay assumes KV never limits a prefill batch (KV stays held until the transfer
+out ends, so under KV pressure the prediction is optimistic; the scheduler itself stops when KV is full). The PD
 baselines share :class:`Fleet`, so their cycle-time rows also count hand-offs still in transfer.
 
 Simulation speed (no effect on decisions): the per-iteration and per-arrival loops are compiled
@@ -300,17 +312,19 @@ class Fleet:
     res_tight  the tightest tier among the residents (``n_tiers``: best effort; ``n_tiers + 1``: none)
     rem, csum  residents sorted by predicted remaining tokens (desc) and prefix sums of their lengths
     pb, sa     their future-KV maxima (:func:`polyserve_kernels.row_maxima`)
-    ptable     the prefill instances' profile (:func:`prefill_profile_table`; ``None`` on a co-located cluster)
+    ptable     the prefill profile (:func:`prefill_profile_table`): PD prefill instances' iteration time, and the
+               co-located chunk's attention over its past (:meth:`chunk_budget`, :meth:`chunk_attention`)
     step_max   the profiled time of the largest decode batch at full KV memory (:meth:`prefill_deadline`)
     curves     token-budget curves (:meth:`ProfileTable.budget_curve`) of the tiers' TPOTs, then of no TPOT (row
                ``n_tiers``): a label's host TPOT reads row ``min(label, n_tiers)``
     """
 
-    def __init__(self, sim: "Simulator", table: ProfileTable, tiers: np.ndarray, avg_len: float,
+    def __init__(self, sim: "Simulator", table: ProfileTable, tiers: np.ndarray, resid: np.ndarray,
                  max_num_seqs: int = 1 << 30) -> None:
         n = len(sim.instances)
         w = sim.w
-        self.sim, self.table, self.tiers, self.avg_len = sim, table, tiers, float(avg_len)
+        self.sim, self.table, self.tiers = sim, table, tiers
+        self.resid = np.ascontiguousarray(resid, np.int64)  # predicted remaining output by tokens generated
         self.n_tiers = tiers.size
         self.POOL, self.PENDING, self.PREFILL = self.n_tiers + 1, self.n_tiers + 2, self.n_tiers + 3
         # TPOT each label imposes: tiers, best effort (none), pool (none), pending (its residents decide), prefill
@@ -334,9 +348,9 @@ class Fleet:
         self.prefill = np.flatnonzero(role == Role.PREFILL)     # roles are fixed for the run (a fixed fleet)
         self.decode = np.flatnonzero(role == Role.DECODE)
         self.label = np.where(role == Role.PREFILL, self.PREFILL, self.POOL).astype(np.int64)
-        # PD-PolyServe's prefill-instance profile (chunk tokens x past KV; :func:`prefill_profile_table`)
-        self.ptable = table_for(sim.instances[int(self.prefill[0])].engine, prefill=True) if self.prefill.size \
-            else None
+        # the prefill profile (chunk tokens x past KV; :func:`prefill_profile_table`) of the entry instances
+        self.ptable = table_for(sim.instances[int(self.prefill[0]) if self.prefill.size else 0].engine,
+                                prefill=True)
         # the batch limit the scheduler applies: the policy's max_num_seqs within each engine's
         self.max_seqs = np.array([min(int(getattr(i.engine, "max_num_seqs", 1 << 30)), max_num_seqs)
                                   for i in sim.instances])
@@ -377,7 +391,7 @@ class Fleet:
         if self.incoming[inst.id] and self.in_transfer(inst.id):
             res = np.concatenate((res, np.array(self.incoming[inst.id], np.int64)))
         self._fit(res.size)
-        return pk.observe_row(rs.I, res, self.rtier, self.rtpot, rs.be, int(self.avg_len), self.rem, self.csum,
+        return pk.observe_row(rs.I, res, self.rtier, self.rtpot, rs.be, self.resid, self.rem, self.csum,
                               self.pb, self.sa, self.n_res, self.kv_now, self.q_pre, self.res_tight, inst.id,
                               self.n_tiers + 1)
 
@@ -408,11 +422,15 @@ class Fleet:
         into the row at once so the next arrival inside the same iteration sees it."""
         n = int(self.n_res[j])
         self._fit(n + 1)
-        pk.place_row(self.rem, self.csum, self.pb, self.sa, j, n, int(self.avg_len) if self.avg_len >= 1 else 1, ctx)
+        pk.place_row(self.rem, self.csum, self.pb, self.sa, j, n, self.remaining(r), ctx)
         self.n_res[j] = n + 1
         self.kv_now[j] += ctx
         self.q_pre[j] += prompt
         self.res_tight[j] = min(int(self.res_tight[j]), int(self.rtier[r]))
+
+    def remaining(self, r: int) -> int:
+        """Predicted remaining output of request ``r`` (§4.5; :func:`remaining_curve`)."""
+        return int(self.resid[min(int(self.sim.rs.generated[r]), self.resid.size - 1)])
 
     def _fit(self, n: int) -> None:
         """Widen the rows to hold ``n`` residents."""
@@ -525,6 +543,22 @@ class Fleet:
             rows[tpot == u] = self.curve_tpots.index(u)
         return rows
 
+    def chunk_budget(self, dec: int, kv: int, tpot: float, past: int) -> int:
+        """Prefill tokens a co-located batch of ``dec`` decodes at KV size ``kv`` may add within ``tpot`` when its
+        chunk attends ``past`` tokens: the table's token budget less the decodes (§4.5), shrunk so the chunk's
+        prefill attention over its past fits too (:func:`polyserve_kernels.co_chunk`, which the router's
+        admission reads as well). Deviation: §4.5's table leaves prefill attention out ("sequence lengths less
+        than 10K"); §3.5 counts it in the co-located iteration time, and slogym's traces pass 10K."""
+        t, p = self.table, self.ptable
+        hi = t.token_budget_one(kv, tpot) - dec
+        return pk.co_chunk(t.tokens, t.kv, t.times, p.tokens, p.kv, p.times, dec, float(kv), hi, float(past), tpot)
+
+    def chunk_attention(self, reqs: list[int], toks: list[int]) -> float:
+        """Predicted time the prefill chunks ``toks`` of requests ``reqs`` spend attending their past KV (the part
+        of a co-located iteration the (batch size, KV size) table leaves out; :func:`polyserve_kernels.attn_extra`)."""
+        p, nc = self.ptable, self.sim.rs.num_computed
+        return sum(pk.attn_extra(p.tokens, p.kv, p.times, float(c), float(nc[r])) for r, c in zip(reqs, toks))
+
     def cycle_time(self, idx: np.ndarray | slice = slice(None)) -> np.ndarray:
         """Predicted time of an iteration of everything outstanding on each instance: its residents' decode
         steps plus its queued prompt tokens, at its KV size (Minimal's cycle time)."""
@@ -549,13 +583,45 @@ def workload_tiers(min_tpot: np.ndarray, best_effort: np.ndarray) -> np.ndarray:
     return vals.astype(np.float64)
 
 
+REMAINING = ("residual", "average")
+
+
+def remaining_curve(outputs: np.ndarray, avg_decode_len: float | None = None, mode: str = "residual") -> np.ndarray:
+    """Predicted remaining output tokens of a request by the tokens it generated so far (index ``g``; the last
+    entry holds beyond the end), at least 1 (§4.5: "predicting the output length using the average decode
+    length").
+
+    ``average`` (the paper): ``avg - g`` (``avg`` = ``avg_decode_len``, default the mean of ``outputs``, the
+    provider's history), so a request past the average is predicted to end at its next step. ``residual``
+    (Deviation): the average decode length *of the requests that generated ``g`` tokens*, ``mean(L - g | L >
+    g)`` over ``outputs`` (``avg_decode_len`` scales it to that mean) -- equal to the paper's prediction at ``g =
+    0``; for a long-running request it stays the expected rest instead of 1 token, which keeps §4.5's future KV
+    peak from under-predicting instances packed with requests past the average."""
+    if mode not in REMAINING:
+        raise ValueError(f"remaining={mode!r}; must be one of {REMAINING}")
+    out = np.asarray(outputs, np.float64)
+    avg = float(avg_decode_len or (out.mean() if out.size else 1.0))
+    if mode == "average" or not out.size:
+        return np.maximum(int(max(avg, 1.0)) - np.arange(int(max(avg, 1.0)) + 1), 1).astype(np.int64)
+    lens = np.sort(out)
+    g = np.arange(int(lens[-1]) + 1, dtype=np.float64)
+    first = np.searchsorted(lens, g, side="right")              # outputs <= g end before generating g + 1
+    tail = np.concatenate((np.cumsum(lens[::-1])[::-1], [0.0]))  # sum of outputs from each sorted position on
+    alive = lens.size - first
+    mean_rest = np.where(alive > 0, tail[first] / np.maximum(alive, 1) - g, 1.0)
+    return np.maximum(np.round(mean_rest * avg / out.mean()), 1).astype(np.int64)
+
+
 class PolyCore:
     """State shared by a PolyServe policy's router, scheduler and scaler for one run."""
 
     def __init__(self, tiers: tuple[float, ...] | None = None, avg_decode_len: float | None = None,
-                 prefill_budget: int = 1024, max_num_seqs: int = 1 << 30) -> None:
+                 prefill_budget: int = 1024, max_num_seqs: int = 1 << 30, remaining: str = "residual") -> None:
         if avg_decode_len is not None and not avg_decode_len >= 1:
             raise ValueError(f"avg_decode_len={avg_decode_len!r}; must be >= 1 token")
+        if remaining not in REMAINING:
+            raise ValueError(f"remaining={remaining!r}; must be one of {REMAINING}")
+        self.remaining = remaining
         if prefill_budget < 1:
             raise ValueError(f"prefill_budget={prefill_budget!r}; must be >= 1 token")
         self.prefill_budget = prefill_budget
@@ -570,8 +636,8 @@ class PolyCore:
         w = sim.w
         tiers = np.array(sorted(self.tiers), np.float64) if self.tiers else workload_tiers(w.min_tpot,
                                                                                            w.best_effort)
-        avg = self.avg_decode_len or (float(w.output_tokens.mean()) if len(w) else 1.0)
-        self.fleet = Fleet(sim, table_for(sim.instances[0].engine), tiers, max(avg, 1.0), self.max_num_seqs)
+        resid = remaining_curve(w.output_tokens, self.avg_decode_len, self.remaining)
+        self.fleet = Fleet(sim, table_for(sim.instances[0].engine), tiers, resid, self.max_num_seqs)
         self.sim = sim
 
     def ensure(self, sim: "Simulator") -> "Fleet":
@@ -588,6 +654,11 @@ class PolyScheduler(Scheduler):
     KV size stays within its operating TPOT (at least ``min_chunk`` tokens beyond the decodes, so prefills always
     progress). Prefill chunks go to candidates in TTFT-deadline order, demoted / best-effort ones last.
 
+    ``polyserve`` (PolyServe itself; off for the §5.1 baselines, whose batch formation stays the paper's table
+    alone): co-located, the chunk also pays for the head prompt's prefill attention over its past
+    (:meth:`Fleet.chunk_budget`, the rule the router's admission predicts with) and the predicted iteration time
+    counts it (:meth:`Fleet.chunk_attention`); on a PD prefill instance, dynamic chunking and the prefill profile.
+
     A batch of decodes alone (nothing prefilling or waiting, no preemption) is ``steady`` once the fleet is
     :meth:`Fleet.settled`; a finish leaves the rule unchanged (``steady_through_finish``).
     """
@@ -595,13 +666,13 @@ class PolyScheduler(Scheduler):
     steady_through_finish = True
 
     def __init__(self, core: PolyCore, token_budget: int | None = None, min_chunk: int = 32,
-                 max_num_seqs: int = 256, dynamic: bool = True) -> None:
+                 max_num_seqs: int = 256, polyserve: bool = True) -> None:
         if token_budget is not None and token_budget < 1:
             raise ValueError(f"token_budget={token_budget!r}; must be >= 1 (or None for the profile budget)")
         if min_chunk < 1 or max_num_seqs < 1:
             raise ValueError(f"min_chunk={min_chunk!r} and max_num_seqs={max_num_seqs!r} must be >= 1")
         self.core, self.token_budget, self.min_chunk, self.max_num_seqs = core, token_budget, min_chunk, max_num_seqs
-        self.dynamic = dynamic
+        self.polyserve = polyserve
 
     def reset(self, sim: "Simulator") -> None:
         self.core.ensure(sim)
@@ -639,17 +710,20 @@ class PolyScheduler(Scheduler):
         reqs: list[int] = []
         toks: list[int] = []
         if pre.size or waiting:  # the budget only shapes prefill chunks
-            if self.token_budget is None:
-                tpot = fleet.operating_tpot(inst.id, tightest)
-                budget = max(fleet.table.token_budget_one(kv_now, tpot), dec.size + self.min_chunk)
-            else:
-                budget = self.token_budget
             cands = self._deadline_order(inst, pre.tolist() + waiting)
-            reqs, toks, _, _ = fill_prefill_chunks(inst, cands, budget - dec.size, free,
-                                                   self.max_num_seqs - dec.size)
+            if self.token_budget is None:  # PolyServe: the head prompt's chunk attends its past (§3.5)
+                tpot = fleet.operating_tpot(inst.id, tightest)
+                past = int(rs.num_computed[cands[0]]) if self.polyserve else 0
+                room = max(fleet.chunk_budget(dec.size, kv_now, tpot, past), self.min_chunk)
+            else:
+                room = self.token_budget - dec.size
+            reqs, toks, _, _ = fill_prefill_chunks(inst, cands, room, free, self.max_num_seqs - dec.size)
         chunked = sum(toks)
         n_tok = dec.size + chunked
-        fleet.formed(inst.id, now, fleet.table.time_one(n_tok, kv_now + n_tok), chunked)
+        busy = fleet.table.time_one(n_tok, kv_now + n_tok)
+        if self.polyserve and chunked:
+            busy += fleet.chunk_attention(reqs, toks)
+        fleet.formed(inst.id, now, busy, chunked)
         if not reqs:
             if not dec.size and not victims:
                 return unstick(inst, victim_key)
@@ -661,7 +735,7 @@ class PolyScheduler(Scheduler):
     def _prefill_batch(self, inst: Instance, now: float, pre: list[int]) -> Batch | None:
         """A prefill instance of a disaggregated cluster (§4.2, §4.7): prompts in TTFT-deadline order with dynamic
         chunking of the ``prefill_budget`` (a remainder below twice the budget is finished at once; the PD
-        baselines chunk plainly, ``dynamic=False``)."""
+        baselines chunk plainly, ``polyserve=False``)."""
         budget = self.token_budget or self.core.prefill_budget
         free = inst.free_blocks
         reqs: list[int] = []
@@ -670,7 +744,7 @@ class PolyScheduler(Scheduler):
             if budget <= 0 or len(reqs) >= self.max_num_seqs:
                 break
             rem = int(inst.remaining([r])[0])
-            want, left = dynamic_chunk(rem, budget) if self.dynamic else (min(rem, budget), budget - min(rem, budget))
+            want, left = dynamic_chunk(rem, budget) if self.polyserve else (min(rem, budget), budget - min(rem, budget))
             got, chunk, used, _ = fill_prefill_chunks(inst, [r], want, free, 1)
             if not got:
                 break  # KV is full: the transfers out will free it
@@ -680,7 +754,7 @@ class PolyScheduler(Scheduler):
             budget = left if chunk[0] == want else 0
         n_tok = sum(toks)
         fleet = self.core.fleet
-        if self.dynamic and n_tok:  # PolyServe: the prefill profile at the chunks' mean past (§4.5, §4.7)
+        if self.polyserve and n_tok:  # PolyServe: the prefill profile at the chunks' mean past (§4.5, §4.7)
             past = inst.sim.rs.num_computed[np.array(reqs, np.int64)]
             busy = fleet.ptable.time_one(n_tok, float(np.dot(past, toks)) / n_tok)
         else:  # the PD baselines' cycle time reads the (batch size, KV size) table (§5.1)
@@ -805,8 +879,8 @@ class PolyServeRouter(_FleetRouter):
         xfer = float(xfer_of[fleet.engine_of[j[0]]]) if m else 0.0
         pk.verdicts(decode, j, fleet.curve_rows(tpot), tpot, fleet.grid, fleet.curves, fleet.rem, fleet.csum,
                     fleet.pb, fleet.sa, fleet.n_res, fleet.q_pre, fleet.kv_now, fleet.busy_until, fleet.cap,
-                    fleet.max_seqs, table.tokens, table.kv, table.times, ctx, prompt, r0, now, deadline, xfer, ok, load,
-                    peak, first)
+                    fleet.max_seqs, table.tokens, table.kv, table.times, fleet.ptable.tokens, fleet.ptable.kv,
+                    fleet.ptable.times, ctx, prompt, r0, now, deadline, xfer, ok, load, peak, first)
         return Verdict(ok, load, peak, first)
 
     def _request(self, r: int, decode: bool) -> tuple[int, int, int, float, np.ndarray]:
@@ -816,7 +890,7 @@ class PolyServeRouter(_FleetRouter):
         decode: its next token's, DSLO) and, for a decode hand-off, the KV transfer time per engine."""
         fleet, sim = self.core.fleet, self.core.sim
         rs, w = sim.rs, sim.w
-        r0 = max(int(fleet.avg_len) - int(rs.generated[r]), 1)
+        r0 = fleet.remaining(r)
         if not decode:
             return (int(rs.num_tokens[r]), int(rs.num_tokens[r] - rs.num_computed[r]), r0,
                     float(rs.ready[r] + w.stage_ttft[rs.stage[r]]), fleet.no_xfer)
@@ -904,8 +978,8 @@ class PolyServeRouter(_FleetRouter):
         i, up = pk.place(t, fleet.n_tiers, fleet.label, fleet.host_rank[t], fleet.idle_label, fleet.res_tight,
                          decode, fleet.engine_of, xfer_of, fleet.grid, fleet.curves, fleet.row_tpot, fleet.rem,
                          fleet.csum, fleet.pb, fleet.sa, fleet.n_res, fleet.q_pre, fleet.kv_now, fleet.busy_until,
-                         fleet.cap, fleet.max_seqs, table.tokens, table.kv, table.times, ctx, prompt, r0, now,
-                         deadline)
+                         fleet.cap, fleet.max_seqs, table.tokens, table.kv, table.times, fleet.ptable.tokens,
+                         fleet.ptable.kv, fleet.ptable.times, ctx, prompt, r0, now, deadline)
         if i < 0:
             return DEFER
         if up:
@@ -921,7 +995,7 @@ class PolyServeRouter(_FleetRouter):
         t, label = int(fleet.rtier[req]), fleet.label
         rs, w = sim.rs, sim.w
         prompt = int(rs.num_tokens[req] - rs.num_computed[req])
-        if fleet.ptable is not None:  # an idle prefill instance: the prompt alone, dynamically chunked
+        if fleet.prefill.size:  # an idle prefill instance: the prompt alone, dynamically chunked
             pt, first = fleet.ptable, np.full(1, -1.0)
             pk.prefill_finish(np.array([prompt], np.int64), rs.num_computed[req:req + 1].astype(np.int64),
                               self.core.prefill_budget, 1, now, pt.tokens, pt.kv, pt.times, first)
@@ -992,20 +1066,21 @@ def _max_seqs(engine: Any, params: dict[str, Any]) -> int:
 
 def _make(name: str, router: Callable[[PolyCore], Router], static: bool = False,
           polyserve: bool = False) -> Callable[..., Policy]:
-    """Factory of a policy; ``polyserve`` adds the tier scaler and dynamic chunking (PolyServe itself)."""
+    """Factory of a policy; ``polyserve`` adds the tier scaler and PolyServe's batch formation (dynamic chunking,
+    prefill attention)."""
     def make(engine: Any = None, **params: Any) -> Policy:
         p = dict(params)
         seqs = _max_seqs(engine, p)
         core = PolyCore(p.pop("tiers", None), p.pop("avg_decode_len", None), int(p.pop("prefill_budget", 1024)),
-                        seqs)
+                        seqs, str(p.pop("remaining", "residual")))
         budget = int(p.pop("token_budget", 512)) if static else None
-        sched = PolyScheduler(core, budget, int(p.pop("min_chunk", 32)), seqs, dynamic=polyserve)
+        sched = PolyScheduler(core, budget, int(p.pop("min_chunk", 32)), seqs, polyserve=polyserve)
         sc = PolyServeScaler(core, float(p.pop("interval", 0.1))) if polyserve else None
         if p:
             raise ValueError(f"{name}: unknown parameters {sorted(p)}")
         info = {"scheduler": "PolyScheduler", "router": router.__name__, "token_budget": budget,
                 "max_num_seqs": seqs, "tiers": core.tiers, "avg_decode_len": core.avg_decode_len,
-                "prefill_budget": core.prefill_budget}
+                "prefill_budget": core.prefill_budget, "remaining": core.remaining}
         return Policy(name=name, scheduler=sched, router=router(core), scaler=sc, params=info)
 
     return make

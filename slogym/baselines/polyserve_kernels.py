@@ -83,6 +83,43 @@ def token_budget(grid: np.ndarray, curve: np.ndarray, kv: float) -> int:
     return int(np.floor(interp(kv, grid, curve)))
 
 
+@njit(**_INLINE)
+def attn_extra(pg: np.ndarray, pkv: np.ndarray, pt: np.ndarray, chunk: float, past: float) -> float:
+    """Time a prefill chunk of ``chunk`` tokens spends attending ``past`` tokens already in the KV, which the
+    (batch size, KV size) table leaves out (§4.5 neglects prefill attention below 10K tokens; §3.5 counts it in
+    the co-located iteration time): the prefill profile (``pg`` chunk tokens x ``pkv`` past -> ``pt`` seconds,
+    ``polyserve.prefill_profile_table``) at that past less at none. 0 for an empty chunk or no past."""
+    if not (chunk > 0 and past > 0):
+        return 0.0
+    return table_time(pg, pkv, pt, chunk, past) - table_time(pg, pkv, pt, chunk, 0.0)
+
+
+@njit(**_JIT)
+def co_chunk(tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, pg: np.ndarray, pkv: np.ndarray, pt: np.ndarray,
+             dec: int, kv: float, hi: int, past: float, tpot: float) -> int:
+    """Largest prefill chunk (``0..hi`` tokens) beside ``dec`` decodes at KV size ``kv`` whose iteration -- the
+    table's time of ``dec + chunk`` tokens plus the chunk's attention over ``past`` (:func:`attn_extra`) --
+    stays within the time the table allows the ``hi``-token chunk (``tpot``, or the table's time of
+    ``dec + hi`` when the tabulated budget ``hi`` rounds above it). ``hi`` is the paper's chunk (the table's
+    token budget at ``tpot`` less the decodes), returned unchanged without past; the time rises with the chunk,
+    so a bisection finds it. The co-located scheduler's budget (``PolyScheduler.next_batch``) and the router's
+    chunk prediction (``_admits``, §4.7) both read it."""
+    if hi <= 0 or not past > 0:
+        return hi
+    limit = table_time(tg, kg, tt, float(dec + hi), kv)
+    limit = limit if limit > tpot else tpot
+    if table_time(tg, kg, tt, float(dec + hi), kv) + attn_extra(pg, pkv, pt, float(hi), past) <= limit:
+        return hi
+    lo, up = 0, hi  # fits(lo), not fits(up)
+    while up - lo > 1:
+        mid = (lo + up) >> 1
+        if table_time(tg, kg, tt, float(dec + mid), kv) + attn_extra(pg, pkv, pt, float(mid), past) <= limit:
+            lo = mid
+        else:
+            up = mid
+    return lo
+
+
 # ============================================================================ batch formation (§2.4, §4.5)
 @njit(**_JIT)
 def deadline_order(cands: np.ndarray, ready: np.ndarray, stage: np.ndarray, stage_ttft: np.ndarray,
@@ -126,23 +163,26 @@ def deadline_order(cands: np.ndarray, ready: np.ndarray, stage: np.ndarray, stag
 # ============================================================================ per-instance state
 @njit(**_JIT)
 def observe_row(I: np.ndarray, res: np.ndarray, rtier: np.ndarray, rtpot: np.ndarray, be: np.ndarray,
-                avg_len: int, rem: np.ndarray, csum: np.ndarray, pb: np.ndarray, sa: np.ndarray, n_res: np.ndarray,
-                kv_now: np.ndarray, q_pre: np.ndarray, res_tight: np.ndarray, j: int, no_tier: int) -> float:
+                resid: np.ndarray, rem: np.ndarray, csum: np.ndarray, pb: np.ndarray, sa: np.ndarray,
+                n_res: np.ndarray, kv_now: np.ndarray, q_pre: np.ndarray, res_tight: np.ndarray, j: int,
+                no_tier: int) -> float:
     """Write instance ``j``'s row of the fleet (``Fleet.read``) from its residents ``res`` (running then waiting):
-    ``rem[j]`` the predicted remaining tokens (average decode length minus generated, at least 1; §4.5) sorted
-    descending (stable), ``csum[j]`` the prefix sums of their lengths in that order (and :func:`row_maxima`),
+    ``rem[j]`` the predicted remaining tokens (``resid[generated]``, the last entry beyond its end: the
+    ``Fleet.remaining`` curve, values >= 1; §4.5) sorted descending (stable), ``csum[j]`` the prefix sums of their lengths in that order (and :func:`row_maxima`),
     ``n_res[j]``, ``kv_now[j]``
     (their length sum), ``q_pre[j]`` (tokens still to compute) and ``res_tight[j]`` (the tightest resident tier,
     ``no_tier`` when empty). Returns the tightest TPOT among the residents with an SLO."""
     n = res.size
-    # counting sort by remaining tokens (1..avg_len), descending: stable, and linear in n + avg_len
+    top = resid.max()
+    last = resid.size - 1
+    # counting sort by remaining tokens (1..top), descending: stable, and linear in n + top
     rank = np.empty(n, np.int64)
-    start = np.zeros(avg_len + 1, np.int64)
+    start = np.zeros(top + 1, np.int64)
     for m in range(n):
-        g = avg_len - I[res[m], I_GEN]
-        rank[m] = avg_len - (g if g > 1 else 1)
+        g = I[res[m], I_GEN]
+        rank[m] = top - resid[g if g < last else last]
         start[rank[m] + 1] += 1
-    for b in range(1, avg_len + 1):
+    for b in range(1, top + 1):
         start[b] += start[b - 1]
     order = np.empty(n, np.int64)
     for m in range(n):
@@ -153,7 +193,7 @@ def observe_row(I: np.ndarray, res: np.ndarray, rtier: np.ndarray, rtpot: np.nda
     tight = INF
     tier = no_tier
     for m in range(n):
-        rem[j, m] = avg_len - rank[order[m]]
+        rem[j, m] = top - rank[order[m]]
         acc += I[res[order[m]], I_NT]
         csum[j, m] = acc
         r = res[m]
@@ -234,10 +274,15 @@ def future_kv_peak_one(rem: np.ndarray, csum: np.ndarray, pb: np.ndarray, sa: np
 def _admits(decode: bool, j: int, host_tpot: float, curve: np.ndarray, grid: np.ndarray, rem: np.ndarray,
             csum: np.ndarray, pb: np.ndarray, sa: np.ndarray, n_res: np.ndarray, q_pre: np.ndarray,
             kv_now: np.ndarray, busy_until: np.ndarray, cap: np.ndarray, max_seqs: np.ndarray, tg: np.ndarray,
-            kg: np.ndarray, tt: np.ndarray, ctx: int, prompt: int, r0: int, now: float, deadline: float,
-            xfer: float) -> tuple[bool, int, float]:
+            kg: np.ndarray, tt: np.ndarray, pg: np.ndarray, pkv: np.ndarray, pt: np.ndarray, ctx: int, prompt: int,
+            r0: int, now: float, deadline: float, xfer: float) -> tuple[bool, int, float]:
     """Admission of one request on instance ``j`` (the rules are ``PolyServeRouter.admission`` (co-located) and
-    ``decode_admission`` (``decode``)): (admitted, future KV peak, predicted first / next token time)."""
+    ``decode_admission`` (``decode``)): (admitted, future KV peak, predicted first / next token time).
+
+    Co-located chunk (§4.7, "maintained throughout the prefill"): :func:`co_chunk` at the past the prompt's last
+    chunk attends (its length less the attention-free chunk), and each iteration of the prediction is timed with
+    the chunk's attention over the mean past of the prompt's chunks (``pg``, ``pkv``, ``pt``: the prefill
+    profile)."""
     n = n_res[j]
     pk = future_kv_peak_one(rem, csum, pb, sa, j, n, ctx, r0)
     batch = n + 1
@@ -248,10 +293,14 @@ def _admits(decode: bool, j: int, host_tpot: float, curve: np.ndarray, grid: np.
     if decode:
         nxt = now + xfer + wait + t_dec
         return fits and nxt <= deadline, pk, nxt
-    chunk = token_budget(grid, curve, float(pk)) - batch
+    hi = token_budget(grid, curve, float(pk)) - batch
+    last = ctx - (hi if 0 < hi < prompt else prompt)  # the past the prompt's last chunk attends
+    chunk = co_chunk(tg, kg, tt, pg, pkv, pt, batch, float(pk), hi, float(last), host_tpot)
     todo = q_pre[j] + prompt
     step = chunk if chunk > 1 else 1
-    t_iter = table_time(tg, kg, tt, float(batch + (step if step < todo else todo)), float(pk))
+    s = step if step < todo else todo
+    t_iter = table_time(tg, kg, tt, float(batch + s), float(pk)) + attn_extra(pg, pkv, pt, float(s),
+                                                                                0.5 * (ctx - prompt + last))
     first = now + wait + (-(-todo // step)) * t_iter
     return fits and chunk >= 1 and first <= deadline, pk, first
 
@@ -266,15 +315,15 @@ def _load(tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, n_res: np.ndarray, kv_
 def verdicts(decode: bool, cand: np.ndarray, curve_of: np.ndarray, host_tpot: np.ndarray, grid: np.ndarray,
              curves: np.ndarray, rem: np.ndarray, csum: np.ndarray, pb: np.ndarray, sa: np.ndarray,
              n_res: np.ndarray, q_pre: np.ndarray, kv_now: np.ndarray, busy_until: np.ndarray, cap: np.ndarray,
-             max_seqs: np.ndarray, tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, ctx: int, prompt: int, r0: int,
-             now: float, deadline: float, xfer: float, ok: np.ndarray, load: np.ndarray, peak: np.ndarray,
-             first: np.ndarray) -> None:
+             max_seqs: np.ndarray, tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, pg: np.ndarray, pkv: np.ndarray,
+             pt: np.ndarray, ctx: int, prompt: int, r0: int, now: float, deadline: float, xfer: float, ok: np.ndarray,
+             load: np.ndarray, peak: np.ndarray, first: np.ndarray) -> None:
     """:func:`_admits` and :func:`_load` of each candidate instance ``cand[m]`` with host TPOT ``host_tpot[m]``
     (token-budget curve: row ``curve_of[m]`` of ``curves``), written to ``ok``, ``load``, ``peak``, ``first``."""
     for m in range(cand.size):
         ok[m], peak[m], first[m] = _admits(
             decode, cand[m], host_tpot[m], curves[curve_of[m]], grid, rem, csum, pb, sa, n_res, q_pre, kv_now,
-            busy_until, cap, max_seqs, tg, kg, tt, ctx, prompt, r0, now, deadline, xfer)
+            busy_until, cap, max_seqs, tg, kg, tt, pg, pkv, pt, ctx, prompt, r0, now, deadline, xfer)
         load[m] = _load(tg, kg, tt, n_res, kv_now, cand[m])
 
 
@@ -284,8 +333,8 @@ def place(t: int, n_tiers: int, label: np.ndarray, host_rank: np.ndarray, idle_l
           curves: np.ndarray, row_tpot: np.ndarray, rem: np.ndarray, csum: np.ndarray, pb: np.ndarray,
           sa: np.ndarray, n_res: np.ndarray,
           q_pre: np.ndarray, kv_now: np.ndarray, busy_until: np.ndarray, cap: np.ndarray, max_seqs: np.ndarray,
-          tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, ctx: int, prompt: int, r0: int, now: float,
-          deadline: float) -> tuple[int, bool]:
+          tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, pg: np.ndarray, pkv: np.ndarray, pt: np.ndarray, ctx: int,
+          prompt: int, r0: int, now: float, deadline: float) -> tuple[int, bool]:
     """Steps 1-3 of PolyServe's routing rule (``PolyServeRouter._place``) for a request of tier ``t`` over all
     instances, in one pass: returns (instance, scale-up) or (-1, False) when nothing admits.
 
@@ -313,7 +362,7 @@ def place(t: int, n_tiers: int, label: np.ndarray, host_rank: np.ndarray, idle_l
         if rank > best_rank:
             continue
         ok, _, _ = _admits(decode, j, row_tpot[row], curves[row], grid, rem, csum, pb, sa, n_res, q_pre, kv_now,
-                           busy_until, cap, max_seqs, tg, kg, tt, ctx, prompt, r0, now, deadline, xfer)
+                           busy_until, cap, max_seqs, tg, kg, tt, pg, pkv, pt, ctx, prompt, r0, now, deadline, xfer)
         if not ok:
             continue
         load = _load(tg, kg, tt, n_res, kv_now, j)
