@@ -9,6 +9,7 @@ never needs vLLM installed.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import select
@@ -75,6 +76,14 @@ def make_tiny_model(out_dir: str | Path, python: str | None = None, timeout: flo
     return out
 
 
+def model_hidden(model: str | Path, default: int = 128) -> int:
+    """The hidden size in a local model directory's ``config.json`` (``default`` when there is none)."""
+    try:
+        return int(json.loads((Path(model) / "config.json").read_text())["hidden_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return default
+
+
 @dataclass
 class EngineConfig:
     """What the live engine is built with; ``num_blocks * block_size`` KV tokens (the pool the policy sees).
@@ -87,7 +96,8 @@ class EngineConfig:
     other work; meaningful with ``threads=1``) or ``norm`` (that CPU time scaled to the machine's quiet speed
     by a reference loop timed right before and after every step, :class:`~slogym.engines.live.worker.
     SpeedReference`: removes the slow drift of CPU time with other tenants' load; ~0.25 ms of extra wall time
-    per step, not counted). The worker raises oneDNN's primitive cache (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``,
+    per step, not counted; ``ref_hidden``: the hidden size its GEMMs are shaped like, default the model's).
+    The worker raises oneDNN's primitive cache (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``,
     default 8192 here, 1024 in oneDNN) so that a warmed-up engine keeps every GEMM shape it has seen.
     """
 
@@ -102,6 +112,7 @@ class EngineConfig:
     threads: int = 1
     nice: int = 0
     timing: str = "wall"
+    ref_hidden: int | None = None
     step_timeout: float = 60.0
     init_timeout: float = 600.0
     python: str | None = None
@@ -149,6 +160,7 @@ class VLLMEngine:
         cfg = {k: getattr(config, k) for k in ("model", "block_size", "num_blocks", "max_num_seqs",
                                                "max_num_batched_tokens", "max_model_len", "dtype", "seed",
                                                "threads", "nice", "timing")}
+        cfg["ref_hidden"] = config.ref_hidden or model_hidden(config.model)
         self.info = self._call({"cmd": "init", **cfg}, config.init_timeout, "start-up")
         if int(self.info["num_blocks"]) != config.num_blocks:
             self.close()

@@ -177,14 +177,19 @@ class SpeedReference:
     engine process: compare normalized times of one engine only, after its first ``calibrate`` steps (the
     profiler's shape warm-up runs 1024)."""
 
-    SHAPES = ((128, 384), (128, 128), (128, 512), (256, 128))
+    @staticmethod
+    def shapes(hidden: int) -> tuple[tuple[int, int], ...]:
+        """The weight shapes of one layer of a ``make_tiny_model`` Llama of this hidden size (intermediate =
+        2 x hidden): QKV, O, gate-up, down."""
+        return (hidden, 3 * hidden), (hidden, hidden), (hidden, 4 * hidden), (2 * hidden, hidden)
 
-    def __init__(self, calibrate: int = 500, window: int = 2) -> None:
+    def __init__(self, calibrate: int = 500, window: int = 2, hidden: int = 128) -> None:
         import torch
 
         gen = torch.Generator().manual_seed(0)
-        self._w = [torch.randn(k, n, generator=gen) for k, n in self.SHAPES]
-        self._x = [torch.randn(16, k, generator=gen) for k, _ in self.SHAPES]
+        shapes = self.shapes(hidden)
+        self._w = [torch.randn(k, n, generator=gen) for k, n in shapes]
+        self._x = [torch.randn(16, k, generator=gen) for k, _ in shapes]
         self._mm = torch.mm
         self._calib: list[float] = []
         self._need = calibrate * window
@@ -237,10 +242,26 @@ class Worker:
         self.sched = self.engine.engine_core.engine_core.scheduler
         self.vocab = int(self.engine.model_config.get_vocab_size())
         self.ids: dict[int, str] = {}
-        self.speed = SpeedReference() if cfg.get("timing") == "norm" else None
+        self.speed = (SpeedReference(hidden=int(cfg.get("ref_hidden") or 128)) if cfg.get("timing") == "norm"
+                      else None)
+        self.exec_s = [0.0, 0.0]  # wall and CPU time inside the model executor during the current step
+        executor = self.engine.engine_core.engine_core.model_executor
+        for name in ("execute_model", "sample_tokens"):
+            setattr(executor, name, self._timed(getattr(executor, name)))
         free = self.sched.kv_cache_manager.block_pool.get_num_free_blocks()
         self.info = {"ok": True, "num_blocks": free, "block_size": bs, "vllm": __version__, "pid": os.getpid(),
                      "init_s": time.perf_counter() - t0}
+
+    def _timed(self, fn: Any) -> Any:
+        """``fn`` (a model-executor call: forward pass or sampling) adding its wall and CPU time to ``exec_s``."""
+        def call(*a: Any, **kw: Any) -> Any:
+            c0, t0 = time.thread_time(), time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.exec_s[0] += time.perf_counter() - t0
+                self.exec_s[1] += time.thread_time() - c0
+        return call
 
     def _add(self, rid: int, prompt_len: int, max_tokens: int) -> None:
         prompt = [1 + (rid * 7919 + i * 31) % (self.vocab - 2) for i in range(prompt_len)]
@@ -268,6 +289,7 @@ class Worker:
                            [(self.ids[r], n, nc, nt) for r, n, nc, nt in plan])
         if self.speed is not None:
             self.speed.sample()
+        self.exec_s = [0.0, 0.0]
         try:
             c0, t0 = time.process_time(), time.perf_counter()
             outs = self.engine.step()
@@ -286,7 +308,8 @@ class Worker:
         reqs = self.sched.requests
         state = {r: (reqs[self.ids[r]].num_computed_tokens, reqs[self.ids[r]].num_tokens)
                  for r, *_ in plan if r in self.ids}
-        return {"ok": True, "time_s": dt, "cpu_s": cpu, "speed": speed, "ref_s": ref, "finished": finished,
+        return {"ok": True, "time_s": dt, "cpu_s": cpu, "exec_s": self.exec_s[0],
+                "exec_cpu_s": self.exec_s[1], "speed": speed, "ref_s": ref, "finished": finished,
                 "state": state, "executed": executed,
                 "free_blocks": self.sched.kv_cache_manager.block_pool.get_num_free_blocks()}
 

@@ -1,0 +1,98 @@
+"""Live engine timing: what an iteration's measured time covers, the speed reference's shapes, the fidelity
+script's model configs.
+
+The engine tests need a Python with vLLM (``make vllm-venv``) and skip otherwise; the others run anywhere.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slogym.engines.live import EngineConfig, VLLMEngine, make_tiny_model, vllm_unavailable_reason
+from slogym.engines.live.client import model_hidden
+from slogym.engines.live.worker import SpeedReference, Worker
+
+REASON = vllm_unavailable_reason()
+needs_vllm = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _fidelity_module() -> Any:
+    spec = importlib.util.spec_from_file_location("fidelity_script", ROOT / "scripts" / "fidelity.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_model_hidden_reads_config(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 384}))
+    assert model_hidden(tmp_path) == 384
+    assert model_hidden(tmp_path / "missing") == 128
+    (tmp_path / "config.json").write_text("{}")
+    assert model_hidden(tmp_path, default=64) == 64
+
+
+def test_speed_reference_is_shaped_like_the_model_layers() -> None:
+    ref = SpeedReference(calibrate=1, hidden=256)
+    assert [tuple(w.shape) for w in ref._w] == [(256, 768), (256, 256), (256, 1024), (512, 256)]
+    assert all(x.shape == (16, w.shape[0]) for x, w in zip(ref._x, ref._w))
+    ref.sample()
+    ref.sample()
+    assert ref.typical is not None and ref.factor() > 0
+
+
+def test_executor_timer_accumulates_and_passes_results_through() -> None:
+    w = Worker.__new__(Worker)  # only the timer; no engine
+    w.exec_s = [0.0, 0.0]
+
+    def busy(x: int, y: int = 0) -> int:
+        t = time.thread_time()
+        while time.thread_time() - t < 0.01:
+            pass
+        return x + y
+
+    timed = w._timed(busy)
+    assert timed(2, y=3) == 5
+    assert timed(1) == 1
+    assert w.exec_s[1] >= 0.02 and w.exec_s[0] >= w.exec_s[1] * 0.5
+
+    def fails() -> None:
+        raise RuntimeError("boom")
+
+    before = list(w.exec_s)
+    with pytest.raises(RuntimeError, match="boom"):
+        w._timed(fails)()
+    assert w.exec_s[0] >= before[0]  # a failing call is still timed, and the error propagates
+
+
+@needs_vllm
+def test_step_reply_separates_model_execution_from_the_step(tmp_path_factory: pytest.TempPathFactory) -> None:
+    model = make_tiny_model(tmp_path_factory.mktemp("tiny") / "llama")
+    cfg = EngineConfig(model=str(model), num_blocks=16, max_num_seqs=4, max_num_batched_tokens=256,
+                       max_model_len=256, timing="norm")
+    with VLLMEngine(cfg) as eng:
+        rid = 7
+        replies = [eng.step([(rid, 64, 0, 64)], add=[(rid, 64, 3)])]
+        replies += [eng.step([(rid, 1, 64 + k, 65 + k)]) for k in range(2)]
+        assert eng.abort([]) == cfg.num_blocks  # finished after its 3 output tokens
+    for r in replies:
+        assert 0 < r["exec_cpu_s"] <= r["cpu_s"] + 1e-4  # model execution + sampling is part of the step
+        assert 0 < r["exec_s"] <= r["time_s"]
+
+
+@needs_vllm
+def test_fidelity_archs_build_their_model(tmp_path: Path) -> None:
+    archs = _fidelity_module().ARCHS
+    assert "small" in archs and "tiny" in archs
+    arch = archs["small"]
+    model = make_tiny_model(tmp_path / "small", **{k: int(arch[k]) for k in ("hidden", "layers", "heads")})
+    conf = json.loads((model / "config.json").read_text())
+    assert (conf["hidden_size"], conf["num_hidden_layers"], conf["num_attention_heads"]) == (
+        arch["hidden"], arch["layers"], arch["heads"])
+    assert model_hidden(model) == arch["hidden"]
