@@ -93,11 +93,18 @@ def test_candidate_features_match_the_numpy_definition():
         env.step(env.action_space.sample())
 
 
-def test_arrival_cluster_features_match_the_numpy_definition():
+@pytest.mark.parametrize("compiled", [True, False])
+def test_arrival_cluster_features_match_the_numpy_definition(compiled):
+    """Load, slack and placed_since features against their definitions; the decode-step time both from the
+    compiled perf model in the kernel and (``compiled=False``) from the Python path's memo."""
     env = gym.make("slogym/Routing-v0", scenario="mixed", rate_scale=3.0, n_instances=3, episode=300, seed=0,
                    pool_requests=1000).unwrapped
     env.reset(seed=1)
+    assert np.isfinite(env._coef).all()  # the preset's perf model has a compiled form
+    if not compiled:
+        env._coef[:] = np.nan
     env.action_space.seed(2)
+    placed: list[int] = []
     for _ in range(80):
         sim, now = env.sim, env._msg[2]
         rs, w = sim.rs, sim.w
@@ -116,7 +123,14 @@ def test_arrival_cluster_features_match_the_numpy_definition():
         obs = env._observe()
         assert np.array_equal(obs["instances"], np.clip(inst_f, -CLIP, CLIP))
         assert np.array_equal(obs["slack"], slack)
-        env.step(int(np.flatnonzero(env.action_masks())[0]) if env.np_random.random() < 0.2 else env.expert_action())
+        # requests placed elsewhere since the last placement on each instance (all of them if none yet)
+        since = [len(placed) - 1 - max(k for k, p in enumerate(placed) if p == i) if i in placed else len(placed)
+                 for i in range(3)]
+        assert np.array_equal(obs["placed_since"], np.minimum(np.array(since, np.float32) / 3, CLIP))
+        a = int(np.flatnonzero(env.action_masks())[0]) if env.np_random.random() < 0.2 else env.expert_action()
+        env.step(a)
+        placed += [a] if a < 3 else []  # 3 defers: places nothing
+    assert compiled or (env._memo_nc >= 0).any()  # the Python path timed (and remembered) decode steps
 
 
 def test_log_token_table_is_log_tokens_bit_for_bit():

@@ -3,7 +3,7 @@ single env and as the native batched vector env (N = 16, 64) with random actions
 cannot beat, measured in the same run: the simulator alone, paused at every decision of the env's kind and
 answered by the baseline policy directly (no observation, action decoding or reward). Run on one core:
 
-    taskset -c 0 .venv/bin/python scripts/bench/env_speed.py [--steps 2000] [--scenario chatbot] [--clock cpu]
+    taskset -c 0 .venv/bin/python scripts/bench/env_speed.py [--steps 2000] [--scenario chatbot] [--clock cpu] [--env ID]
 
 Each figure is the fastest of ``--repeat`` runs (default 3). ``--clock cpu`` (default) times process CPU
 seconds, which a shared machine disturbs far less than wall seconds; ``--clock wall`` times wall seconds.
@@ -105,12 +105,15 @@ def main() -> None:
     ap.add_argument("--scenario", default="chatbot")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
+    ap.add_argument("--env", action="append", choices=sorted(ENVS), help="only these envs (repeatable)")
     a = ap.parse_args()
     clock = CLOCKS[a.clock]
     print(f"steps per {a.clock} second, fastest of {a.repeat}")
     print(f"{'env':22s} {'random':>9s} {'baseline':>9s} {'vec N=16':>9s} {'vec N=64':>9s} {'sim alone':>9s} "
           f"{'baseline/sim':>12s} {'env us/step':>11s}")
     for env_id, extra in ENVS.items():
+        if a.env and env_id not in a.env:
+            continue
         kw = dict(scenario=a.scenario, episode=512, seed=0, **extra)
         row = [single(env_id, kw, a.steps, False, clock, a.repeat), single(env_id, kw, a.steps, True, clock, a.repeat),
                vector(env_id, kw, a.steps, 16, clock, a.repeat), vector(env_id, kw, a.steps, 64, clock, a.repeat),

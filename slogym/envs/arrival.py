@@ -142,9 +142,8 @@ class RoutingEnv(ArrivalEnv):
         self._since = np.zeros(self.n_instances, np.float32)
 
     def _observe(self) -> dict[str, np.ndarray]:
-        obs = super()._observe()
-        obs["placed_since"] = np.minimum(self._since / self.n_instances, CLIP)
-        return obs
+        _, r, now = self._msg
+        return self._arrival_obs(r, now, self._since)
 
     def action_masks(self) -> np.ndarray:
         entry = np.zeros(len(self.sim.instances), bool)

@@ -19,6 +19,7 @@ from numba import njit
 from slogym.core.kernels import next_deadline
 from slogym.core.metrics import verdict
 from slogym.core.state import I_GEN, I_KV, I_NC, I_NT
+from slogym.engines.perf_models import analytic_time
 
 _JIT = dict(cache=True, nogil=True, error_model="numpy")  # numpy error model: x/0 gives inf, as in NumPy
 RUNNING = 4  # slogym.core.state.Status.RUNNING (a plain int inside compiled code)
@@ -133,17 +134,19 @@ def _clip32(x: float, clip: float) -> np.float32:
 
 
 @njit(**_JIT)
-def instance_load(I: np.ndarray, run: np.ndarray, wait: np.ndarray, shape: np.ndarray, memo_nc: np.ndarray,
-                  memo_t: np.ndarray, clip: float, out: np.ndarray, stale: np.ndarray) -> int:
+def instance_load(I: np.ndarray, run: np.ndarray, wait: np.ndarray, shape: np.ndarray, coef: np.ndarray,
+                  memo_nc: np.ndarray, memo_t: np.ndarray, clip: float, out: np.ndarray, stale: np.ndarray) -> int:
     """Fill ``out`` (float32, ``(k, 5)``) with the load features of ``k`` instances (``ServingEnv``'s
     ``INSTANCE_FEATURES``, clipped): instance ``i`` has ``shape[i] = (waiting, running, free KV blocks, total
     KV blocks, max_num_seqs, id)`` at ``shape[6 i: 6 i + 6]``, its waiting requests next in ``wait`` and its
     running ones next in ``run``.
 
-    The decode-step time of instance ``id`` (a pure function of its running count and context) is remembered
-    in ``memo_nc[id]`` / ``memo_t[id]``: where they no longer match, ``memo_nc`` is updated, ``(i, running,
-    context)`` appended to ``stale`` (``(k, 3)``) and ``out[i, 4]`` left for the caller to time. Returns how
-    many are stale."""
+    The decode-step time of instance ``id`` (a pure function of its running count and context) is computed here
+    when its perf model has a compiled form: ``coef[id]``, the coefficients of
+    :func:`slogym.engines.perf_models.analytic_time` (``Instance.time_coef``; NaN when there is none). Otherwise
+    it is remembered in ``memo_nc[id]`` / ``memo_t[id]``: where they no longer match, ``memo_nc`` is updated,
+    ``(i, running, context)`` appended to ``stale`` (``(k, 3)``) and ``out[i, 4]`` left for the caller to time.
+    Returns how many are stale."""
     n_stale = 0
     w0 = 0
     r0 = 0
@@ -163,6 +166,8 @@ def instance_load(I: np.ndarray, run: np.ndarray, wait: np.ndarray, shape: np.nd
         out[i, 3] = _clip32(1.0 - free / total if total else 1.0, clip)
         if n_run == 0:
             out[i, 4] = 0.0
+        elif coef[inst, 0] == coef[inst, 0]:  # Instance.time_one of BatchFeatures(0, 0, 0, 0, n, n, ctx, ctx, 0)
+            out[i, 4] = _clip32(analytic_time(0, 0, 0, n_run, n_run, ctx, coef[inst]) / 0.1, clip)
         elif memo_nc[inst, 0] == n_run and memo_nc[inst, 1] == ctx:
             out[i, 4] = _clip32(memo_t[inst] / 0.1, clip)
         else:
@@ -179,13 +184,16 @@ def instance_load(I: np.ndarray, run: np.ndarray, wait: np.ndarray, shape: np.nd
 def arrival_observation(r: int, rows: np.ndarray, app: np.ndarray, tier: np.ndarray, ewma: float, done_frac: float,
                         I: np.ndarray, F: np.ndarray, stage: np.ndarray, ready: np.ndarray, stage_kind: np.ndarray,
                         stage_ttft: np.ndarray, decode: int, slot: np.ndarray, run: np.ndarray, wait: np.ndarray,
-                        shape: np.ndarray, memo_nc: np.ndarray, memo_t: np.ndarray, now: float, clip: float,
-                        out_request: np.ndarray, out_app: np.ndarray, out_tier: np.ndarray, out_recent: np.ndarray,
-                        out_instances: np.ndarray, out_slack: np.ndarray, stale: np.ndarray) -> int:
+                        shape: np.ndarray, coef: np.ndarray, memo_nc: np.ndarray, memo_t: np.ndarray, now: float,
+                        clip: float, since: np.ndarray, out_request: np.ndarray, out_app: np.ndarray,
+                        out_tier: np.ndarray, out_recent: np.ndarray, out_instances: np.ndarray, out_slack: np.ndarray,
+                        out_since: np.ndarray, stale: np.ndarray) -> int:
     """Fill the arrival observation of request ``r`` (``slogym.envs.arrival``) in one call: ``request``
     (``rows[r]``), one-hot ``app`` and ``tier``, ``recent``, ``instances`` (:func:`instance_load`, whose
-    return value this is: instances left to time) and ``slack`` (:func:`tier_slack` of the running requests
-    ``run`` against their next deadlines, ``RequestState.next_deadline``)."""
+    return value this is: instances left to time), ``slack`` (:func:`tier_slack` of the running requests
+    ``run`` against their next deadlines, ``RequestState.next_deadline``) and, for Routing-v0, ``placed_since``
+    (``min(since / len(since), clip)`` in float32, as NumPy divides a float32 array by an int; ``since`` is
+    empty for Admission-v0)."""
     out_request[:] = rows[r]
     out_app[:] = 0.0
     out_app[app[r]] = 1.0
@@ -197,7 +205,10 @@ def arrival_observation(r: int, rows: np.ndarray, app: np.ndarray, tier: np.ndar
     if run.size:
         deadline = next_deadline(F, I, stage, ready, stage_kind, stage_ttft, run, decode)
         tier_slack(run, deadline, now, slot, tier, clip, out_slack)
-    return instance_load(I, run, wait, shape, memo_nc, memo_t, clip, out_instances, stale)
+    n = np.float32(since.size)
+    for i in range(since.size):
+        out_since[i] = min(since[i] / n, np.float32(clip))
+    return instance_load(I, run, wait, shape, coef, memo_nc, memo_t, clip, out_instances, stale)
 
 
 @njit(**_JIT)
