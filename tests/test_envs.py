@@ -145,10 +145,12 @@ def test_reward_sums_match_the_run_summary(reward):
     assert sum(rewards) == pytest.approx(expected, rel=1e-9)
 
 
+@pytest.mark.parametrize("batch_timing", [None, True])
 @pytest.mark.parametrize("env_id,kw", ENVS)
-def test_native_vector_env_equals_independent_envs(env_id, kw):
+def test_native_vector_env_equals_independent_envs(env_id, kw, batch_timing):
     n = 3
-    venv = gym.make_vec(env_id, num_envs=n, vectorization_mode="vector_entry_point", **SMALL, **kw)
+    venv = gym.make_vec(env_id, num_envs=n, vectorization_mode="vector_entry_point", batch_timing=batch_timing,
+                        **SMALL, **kw)
     envs = [gym.make(env_id, **SMALL, **kw) for _ in range(n)]
     obs, _ = venv.reset(seed=10)
     single = [e.reset(seed=10 + i)[0] for i, e in enumerate(envs)]
@@ -195,7 +197,8 @@ def test_native_vector_env_infos_and_batched_timing():
         sizes.append(len(f.decode_seqs))
         return call(self, f)
 
-    venv = gym.make_vec("slogym/Admission-v0", num_envs=n, vectorization_mode="vector_entry_point", **SMALL)
+    venv = gym.make_vec("slogym/Admission-v0", num_envs=n, vectorization_mode="vector_entry_point",
+                        batch_timing=True, **SMALL)
     envs = [gym.make("slogym/Admission-v0", **SMALL) for _ in range(n)]
     venv.reset(seed=4)
     for i, e in enumerate(envs):
@@ -216,6 +219,17 @@ def test_native_vector_env_infos_and_batched_timing():
         BatchTimeEvaluator.__call__ = call
     assert n_summaries >= n  # every sub-env finished an episode: the summary path was compared too
     assert len(venv.unwrapped._evaluators) == 1 and max(sizes) == n
+    # by default an engine with a compiled perf model times its own iterations (no round trips)
+    auto = gym.make_vec("slogym/Admission-v0", num_envs=n, vectorization_mode="vector_entry_point", **SMALL)
+    auto.reset(seed=4)
+    sizes.clear()
+    BatchTimeEvaluator.__call__ = counting
+    try:
+        for _ in range(20):
+            auto.step(np.zeros(n, np.int64))
+    finally:
+        BatchTimeEvaluator.__call__ = call
+    assert not sizes and not auto.unwrapped._evaluators
 
 
 def test_sync_vector_env_runs():

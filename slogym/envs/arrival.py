@@ -135,15 +135,17 @@ class RoutingEnv(ArrivalEnv):
         self._n_actions = self.n_instances + 1
         self.observation_space = spaces.Dict(self.observation_space.spaces | {
             "placed_since": _box(self.n_instances, low=0.0, high=CLIP)})
-        self._since = np.zeros(self.n_instances, np.float32)
+        # placed_since's counts: _placed[i] = requests placed when instance i last received one, _placed[-1] =
+        # requests placed so far (since the episode began)
+        self._placed = np.zeros(self.n_instances + 1, np.int64)
 
     def _bind(self, sim: Simulator) -> None:
         super()._bind(sim)
-        self._since = np.zeros(self.n_instances, np.float32)
+        self._placed = np.zeros(self.n_instances + 1, np.int64)
 
     def _observe(self) -> dict[str, np.ndarray]:
         _, r, now = self._msg
-        return self._arrival_obs(r, now, self._since)
+        return self._arrival_obs(r, now, self._placed)
 
     def action_masks(self) -> np.ndarray:
         entry = np.zeros(len(self.sim.instances), bool)
@@ -165,6 +167,7 @@ class RoutingEnv(ArrivalEnv):
         if not (self._fits(self._msg[1], inst) and inst.accepting and inst.role in ENTRY_ROLES):  # action_masks()[a]
             raise ValueError(f"action {a} is masked out for request {self._msg[1]}: instance {a} can never "
                              f"hold it or does not take new requests (a decode instance)")
-        self._since += 1.0
-        self._since[a] = 0.0
+        placed = self._placed
+        placed[-1] += 1
+        placed[a] = placed[-1]
         return a

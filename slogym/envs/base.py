@@ -47,6 +47,7 @@ INSTANCE_FEATURES = ("queue_tokens", "waiting", "running", "kv_utilization", "it
 N_COEF = 11
 """Coefficients of the compiled perf model (:func:`slogym.engines.perf_models.analytic_time`)."""
 _EMPTY32 = np.zeros(0, np.float32)
+_NO_PLACED = np.zeros(0, np.int64)
 
 
 def drive(steps: Generator[tuple, float, Any]) -> Any:
@@ -228,9 +229,7 @@ class ServingEnv(gym.Env):
             return 0.0
         idx = np.array(done, dtype=np.int64)
         done.clear()
-        if idx.size > 1:  # outcomes in time order: a fast-forwarded or piloted instance reports its stretch at once
-            idx = idx[np.argsort(sim.rs.finish[idx], kind="stable")]
-        n_met, self._ewma = kernels.credit(idx, self._mode, self._ewma, *self._verdict_args)
+        n_met, self._ewma = kernels.credit(idx, self._mode, self._ewma, *self._verdict_args)  # sorts idx by time
         self._n_met += n_met
         if self.reward_name == "goodput":
             return float(n_met)
@@ -330,10 +329,10 @@ class ServingEnv(gym.Env):
         return img
 
     # ------------------------------------------------------------------ shared observation parts
-    def _arrival_obs(self, r: int, now: float, since: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    def _arrival_obs(self, r: int, now: float, placed: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Observation of an arrival decision on request ``r`` (see :mod:`slogym.envs.arrival`; with
-        ``placed_since`` from the counts ``since`` if given), built by one compiled call
-        (:func:`slogym.envs.kernels.arrival_observation`)."""
+        ``placed_since`` from the placement counts ``placed`` if given, see ``RoutingEnv._placed``), built by one
+        compiled call (:func:`slogym.envs.kernels.arrival_observation`)."""
         sim = self.sim
         w, rs = sim.w, sim.rs
         insts = sim.instances
@@ -342,14 +341,14 @@ class ServingEnv(gym.Env):
         obs = {"request": np.empty(8, f32), "app": np.empty(self.n_apps, f32), "tier": np.empty(self.n_tiers, f32),
                "instances": np.empty((len(insts), len(INSTANCE_FEATURES)), f32),
                "slack": np.empty((len(insts), self.n_tiers), f32), "recent": np.empty(2, f32)}
-        if since is None:
-            since = out_since = _EMPTY32
+        if placed is None:
+            placed, out_since = _NO_PLACED, _EMPTY32
         else:
-            out_since = obs["placed_since"] = np.empty(since.size, f32)
+            out_since = obs["placed_since"] = np.empty(placed.size - 1, f32)
         if n := kernels.arrival_observation(
                 r, self._request_rows, w.app, w.tier, self._ewma, sim._n_done / max(len(w), 1), rs.I, rs.F, rs.stage,
                 rs.ready, w.stage_kind, w.stage_ttft, DECODE, rs.slot, run, wait, shape, self._coef, self._memo_nc,
-                self._memo_t, now, CLIP, since, obs["request"], obs["app"], obs["tier"], obs["recent"],
+                self._memo_t, now, CLIP, placed, obs["request"], obs["app"], obs["tier"], obs["recent"],
                 obs["instances"], obs["slack"], out_since, self._stale):
             self._time_stale(insts, obs["instances"], n)
         return obs

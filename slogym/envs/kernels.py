@@ -185,15 +185,16 @@ def arrival_observation(r: int, rows: np.ndarray, app: np.ndarray, tier: np.ndar
                         I: np.ndarray, F: np.ndarray, stage: np.ndarray, ready: np.ndarray, stage_kind: np.ndarray,
                         stage_ttft: np.ndarray, decode: int, slot: np.ndarray, run: np.ndarray, wait: np.ndarray,
                         shape: np.ndarray, coef: np.ndarray, memo_nc: np.ndarray, memo_t: np.ndarray, now: float,
-                        clip: float, since: np.ndarray, out_request: np.ndarray, out_app: np.ndarray,
+                        clip: float, placed: np.ndarray, out_request: np.ndarray, out_app: np.ndarray,
                         out_tier: np.ndarray, out_recent: np.ndarray, out_instances: np.ndarray, out_slack: np.ndarray,
                         out_since: np.ndarray, stale: np.ndarray) -> int:
     """Fill the arrival observation of request ``r`` (``slogym.envs.arrival``) in one call: ``request``
     (``rows[r]``), one-hot ``app`` and ``tier``, ``recent``, ``instances`` (:func:`instance_load`, whose
     return value this is: instances left to time), ``slack`` (:func:`tier_slack` of the running requests
     ``run`` against their next deadlines, ``RequestState.next_deadline``) and, for Routing-v0, ``placed_since``
-    (``min(since / len(since), clip)`` in float32, as NumPy divides a float32 array by an int; ``since`` is
-    empty for Admission-v0)."""
+    of the ``n`` instances from ``placed`` (``placed[i]``: requests placed when instance ``i`` last received one,
+    ``placed[n]``: placed so far; empty for Admission-v0): ``min((placed[n] - placed[i]) / n, clip)`` in float32
+    (the count, exact in float32, divided as NumPy divides a float32 array by an int)."""
     out_request[:] = rows[r]
     out_app[:] = 0.0
     out_app[app[r]] = 1.0
@@ -205,9 +206,9 @@ def arrival_observation(r: int, rows: np.ndarray, app: np.ndarray, tier: np.ndar
     if run.size:
         deadline = next_deadline(F, I, stage, ready, stage_kind, stage_ttft, run, decode)
         tier_slack(run, deadline, now, slot, tier, clip, out_slack)
-    n = np.float32(since.size)
-    for i in range(since.size):
-        out_since[i] = min(since[i] / n, np.float32(clip))
+    n = out_since.size
+    for i in range(n):
+        out_since[i] = min(np.float32(placed[n] - placed[i]) / np.float32(n), np.float32(clip))
     return instance_load(I, run, wait, shape, coef, memo_nc, memo_t, clip, out_instances, stale)
 
 
@@ -215,9 +216,12 @@ def arrival_observation(r: int, rows: np.ndarray, app: np.ndarray, tier: np.ndar
 def credit(idx: np.ndarray, mode: int, ewma: float, outcome: np.ndarray, arrival: np.ndarray, ttlt: np.ndarray,
            finish: np.ndarray, ttft_slack: np.ndarray, tpot_slack: np.ndarray, dslo_slack: np.ndarray,
            mean_slack: np.ndarray, final_deadline: np.ndarray, no_slo: np.ndarray) -> tuple[int, float]:
-    """SLO outcomes of the requests ``idx`` (in order) in attainment mode ``mode``
-    (:func:`slogym.core.metrics.verdict`; the arrays are ``verdict_arrays``'): how many met it, and the
-    recent-attainment EWMA (weight 0.05 per outcome) after them."""
+    """SLO outcomes of the requests ``idx`` in attainment mode ``mode`` (:func:`slogym.core.metrics.verdict`; the
+    arrays are ``verdict_arrays``'): how many met it, and the recent-attainment EWMA (weight 0.05 per outcome)
+    after them in time order. ``idx`` is sorted in place by ``finish`` time first (stable: a fast-forwarded or
+    piloted instance reports a whole stretch of outcomes at once)."""
+    if idx.size > 1:
+        idx[:] = idx[np.argsort(finish[idx], kind="mergesort")]
     n_met = 0
     for r in idx:
         m = verdict(r, mode, outcome, arrival, ttlt, finish, ttft_slack, tpot_slack, dslo_slack, mean_slack,
