@@ -294,6 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--blocks", type=int, default=256)
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    ap.add_argument("--step-timeout", type=float, default=300.0,
+                    help="seconds one engine step may take before the engine is declared hung (EngineConfig's "
+                         "default is 60; on the shared machine, memory pressure from other jobs stalled two runs "
+                         "for over 60 s)")
     ap.add_argument("--nice", type=int, default=0, help="engine process priority (negative needs root)")
     ap.add_argument("--timing", choices=TIMINGS, default="norm",
                     help="iteration time = wall time, CPU time, or CPU time at the machine's quiet speed (norm, "
@@ -319,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
                             **{k: int(arch[k]) for k in ("hidden", "layers", "heads")})
     cfg = EngineConfig(model=str(model), num_blocks=args.blocks, max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_prompt + args.max_out,
-                       seed=args.seed, nice=args.nice, timing=args.timing)
+                       seed=args.seed, nice=args.nice, timing=args.timing, step_timeout=args.step_timeout)
     w, src = trace_workload(args.requests, args.rate, args.token_scale, args.max_prompt, args.max_out, args.ttft,
                             args.tpot, args.seed)
     t0 = time.perf_counter()
