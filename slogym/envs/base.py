@@ -149,6 +149,9 @@ class ServingEnv(gym.Env):
         self._msg: tuple | None = None
         self._history: deque[tuple[float, np.ndarray]] = deque(maxlen=200)
         self._last_obs: Any = None
+        # where Admission-v0 / Routing-v0 write their observations: fresh arrays (None), or the rows of a vector
+        # env's batch buffers (``SlogymVectorEnv``; every entry is overwritten at each step)
+        self.obs_rows: dict[str, np.ndarray] | None = None
 
     # ------------------------------------------------------------------ episodes
     def _window(self) -> Workload:
@@ -338,13 +341,17 @@ class ServingEnv(gym.Env):
         insts = sim.instances
         run, wait, shape = self._load_inputs(insts)
         f32 = np.float32
-        obs = {"request": np.empty(8, f32), "app": np.empty(self.n_apps, f32), "tier": np.empty(self.n_tiers, f32),
-               "instances": np.empty((len(insts), len(INSTANCE_FEATURES)), f32),
-               "slack": np.empty((len(insts), self.n_tiers), f32), "recent": np.empty(2, f32)}
+        obs = self.obs_rows
+        if obs is None or obs["instances"].shape[0] != len(insts):
+            obs = {"request": np.empty(8, f32), "app": np.empty(self.n_apps, f32), "tier": np.empty(self.n_tiers, f32),
+                   "instances": np.empty((len(insts), len(INSTANCE_FEATURES)), f32),
+                   "slack": np.empty((len(insts), self.n_tiers), f32), "recent": np.empty(2, f32)}
+            if placed is not None:
+                obs["placed_since"] = np.empty(placed.size - 1, f32)
         if placed is None:
             placed, out_since = _NO_PLACED, _EMPTY32
         else:
-            out_since = obs["placed_since"] = np.empty(placed.size - 1, f32)
+            out_since = obs["placed_since"]
         if n := kernels.arrival_observation(
                 r, self._request_rows, w.app, w.tier, self._ewma, sim._n_done / max(len(w), 1), rs.I, rs.F, rs.stage,
                 rs.ready, w.stage_kind, w.stage_ttft, DECODE, rs.slot, run, wait, shape, self._coef, self._memo_nc,

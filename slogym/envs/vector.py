@@ -23,6 +23,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
 from slogym.core.batch import BatchFeatures
 from slogym.engines.arrays import BatchTimeEvaluator
+from slogym.envs.arrival import ArrivalEnv
 from slogym.envs.base import ServingEnv
 
 
@@ -45,6 +46,10 @@ class SlogymVectorEnv(VectorEnv):
         self.render_mode = None
         self._needs_reset = np.zeros(num_envs, dtype=bool)
         self._obs = create_empty_array(self.single_observation_space, num_envs)
+        self._rows: list[dict[str, np.ndarray] | None] = [None] * num_envs
+        if isinstance(self.envs[0], ArrivalEnv):  # they write their observations into the batch buffers
+            for i, env in enumerate(self.envs):
+                env.obs_rows = self._rows[i] = {key: buf[i] for key, buf in self._obs.items()}
         self._evaluators: dict[str, BatchTimeEvaluator] = {}  # one per distinct engine (see _engine_key)
         self._engine_keys: dict[int, tuple[Any, str]] = {}
 
@@ -79,10 +84,16 @@ class SlogymVectorEnv(VectorEnv):
 
     def _batch_obs(self, obs: list[Any]) -> Any:
         """The sub-environments' observations stacked into the batch buffers (reused from step to step, as
-        Gymnasium's ``concatenate`` does; for ``Dict`` spaces one copy per key)."""
+        Gymnasium's ``concatenate`` does; for ``Dict`` spaces one copy per key, none for an observation already
+        written in place)."""
         if isinstance(self._obs, dict):
+            copy = [i for i, o in enumerate(obs) if o is not self._rows[i]]
             for key, buf in self._obs.items():
-                buf[...] = [o[key] for o in obs]
+                if len(copy) == len(obs):
+                    buf[...] = [o[key] for o in obs]
+                else:
+                    for i in copy:
+                        buf[i] = obs[i][key]
             return self._obs
         return concatenate(self.single_observation_space, obs, self._obs)
 
@@ -93,9 +104,10 @@ class SlogymVectorEnv(VectorEnv):
         out: dict[str, Any] = {}
         shared = []
         for key, v in infos[0].items():
-            if (type(v) in (int, float, bool) or isinstance(v, np.number)) and \
-                    all(type(info.get(key)) is type(v) for info in infos):
-                out[key] = np.array([info[key] for info in infos], dtype=type(v))
+            kind = type(v)
+            values = [info.get(key) for info in infos]
+            if (kind in (int, float, bool) or isinstance(v, np.number)) and set(map(type, values)) == {kind}:
+                out[key] = np.array(values, dtype=kind)
                 out[f"_{key}"] = np.ones(self.num_envs, dtype=np.bool_)
                 shared.append(key)
         for i, info in enumerate(infos):
