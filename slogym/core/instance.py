@@ -106,6 +106,11 @@ class Instance:
     def running_changed(self) -> None:
         self._running_arr = None
 
+    def set_running(self, run: np.ndarray) -> None:
+        """Replace the running set by ``run`` (request indices in order; the simulator's pilot)."""
+        self.running = run.tolist()
+        self._running_arr = run.copy()
+
     def remaining(self, idx: np.ndarray | list[int]) -> np.ndarray:
         """Tokens each request still has to compute before its next sample (prefill chunk left, or 1)."""
         rs = self.sim.rs

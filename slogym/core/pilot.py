@@ -66,24 +66,70 @@ def _remove(running: np.ndarray, n_run: int, r: int) -> int:
     return n_run - 1
 
 
+# layout of run_instance's in/out vectors and work tables
+IN_MORE, IN_HAND, IN_FREE, IN_BLOCK, IN_INST, IN_RULE, IN_BUDGET, IN_SEQS, IN_RESERVE = range(9)  # ints (in)
+OUT_CODE, OUT_M, OUT_NRUN, OUT_NWAIT, OUT_DONE, OUT_FREE, OUT_ITERS, OUT_TOKENS, OUT_NEV = range(9, 18)  # (out)
+X_T, X_HORIZON, X_BUSY, X_WIN, X_ALPHA, X_NOTPOT, X_TEND, X_LASTDT = range(8)  # floats (in, and out: t, busy, ...)
+# rows of the int64 work table: running set, finished, batch, its tokens and blocks, stage ends, prefills caught
+# up, zeros (no drafts), the waiting head, victims, preemption log (request, tokens thrown away)
+W_RUN, W_DONE, W_REQ, W_TOK, W_BLOCKS, W_FIN, W_PRE, W_ZERO, W_WAIT, W_VICT, W_EVR, W_EVNC = range(12)
+N_ROWS = 12
+
+
 @njit(**_JIT)
 def run_instance(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_token, stage_t0, mean_slack,
-                 outcome, finish, be, simple, stage_ptr, is_dec_stage, stage_ttft, stage_tokens, stage_tpot,
-                 w_in, alpha, no_tpot, idx, tok, running, n_run, head, more_waiting, hand_finishes, free, block_size,
-                 rule, budget, max_seqs, reserve, coef, t, horizon, busy_time, done, req, rtok, blocks, buf1, buf2,
-                 no_spec):
-    """End the batch ``idx``/``tok`` in flight at ``t`` and run the instance until the next iteration would end
-    at or after ``horizon``, or until the Python path must take over.
+                 outcome, finish, be, recomputed, n_preempt, simple, arrival, stage_ptr, is_dec_stage, stage_ttft,
+                 stage_tokens, stage_tpot, idx, tok, running, head, ints, x, coef, work, ev_t) -> None:
+    """End the batch ``idx``/``tok`` in flight at ``x[X_T]`` and run the instance until the next iteration would
+    end at or after ``x[X_HORIZON]``, or until the Python path must take over (scalars travel in ``ints``/``x``
+    to keep the call cheap: a compiled call costs ~0.2 us per argument).
 
-    ``running[:n_run]`` is the running set in order (updated in place); ``head`` the first waiting requests
-    (``more_waiting``: the queue is longer). Stage ends are applied here only for ``simple`` requests ending
-    their last stage (a plain prompt + decode outside any group) and when not ``hand_finishes`` (a finish must
-    wake the cluster's global queue); any other makes the iteration end with ``TRANSITIONS``.
-    Returns ``(code, t, t_end, m, n_run, n_admitted, n_done, free, iterations, tokens, busy_time, last_dt)``:
-    ``done[:n_done]`` finished in order, ``n_admitted`` requests left the front of the waiting queue, and with
-    ``LAUNCHED`` the batch ``req[:m]``/``rtok[:m]`` is in flight from ``t`` to ``t_end``.
+    ``running`` is the running set in order; ``head`` the first waiting requests (``ints[IN_MORE]``: the queue is
+    longer). Stage ends are applied here only for ``simple`` requests ending their last stage (a plain prompt +
+    decode outside any group) and when not ``ints[IN_HAND]`` (a finish must wake the cluster's global queue); any
+    other makes the iteration end with ``TRANSITIONS`` (the stage ends in ``work[W_FIN, :m]``).
+    Writes ``ints[OUT_*]``: the code, m, the running count (``work[W_RUN]``), the new waiting head's length
+    (``work[W_WAIT]``: it replaces ``head``), requests finished (``work[W_DONE]``, in order), free KV blocks,
+    iterations ended, tokens computed, preemptions (``ev_t``, ``work[W_EVR]``, ``work[W_EVNC]``); and ``x[X_T]``
+    (the time it stopped at), ``x[X_TEND]``, ``x[X_BUSY]``, ``x[X_LASTDT]``. With ``LAUNCHED`` the batch
+    ``work[W_REQ, :m]``/``work[W_TOK, :m]`` is in flight from ``x[X_T]`` to ``x[X_TEND]``.
     """
-    n_adm = n_done = iters = tokens = 0
+    run = work[W_RUN]
+    run[:running.size] = running
+    wq = work[W_WAIT]
+    wq[:head.size] = head
+    out = _run(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_token, stage_t0, mean_slack,
+               outcome, finish, be, recomputed, n_preempt, simple, arrival, stage_ptr, is_dec_stage, stage_ttft,
+               stage_tokens, stage_tpot, x[X_WIN], x[X_ALPHA], x[X_NOTPOT], idx, tok, run, running.size, wq,
+               head.size, ints[IN_MORE] != 0, ints[IN_HAND] != 0, ints[IN_FREE], ints[IN_BLOCK], ints[IN_INST],
+               ints[IN_RULE], ints[IN_BUDGET], ints[IN_SEQS], ints[IN_RESERVE], coef, x[X_T], x[X_HORIZON],
+               x[X_BUSY], work, ev_t)
+    code, t, t_end, m, n_run, n_wq, n_done, free, iters, tokens, busy, last_dt, n_ev = out
+    ints[OUT_CODE] = code
+    ints[OUT_M] = m
+    ints[OUT_NRUN] = n_run
+    ints[OUT_NWAIT] = n_wq
+    ints[OUT_DONE] = n_done
+    ints[OUT_FREE] = free
+    ints[OUT_ITERS] = iters
+    ints[OUT_TOKENS] = tokens
+    ints[OUT_NEV] = n_ev
+    x[X_T] = t
+    x[X_TEND] = t_end
+    x[X_BUSY] = busy
+    x[X_LASTDT] = last_dt
+
+
+@njit(**_JIT)
+def _run(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_token, stage_t0, mean_slack, outcome,
+         finish, be, recomputed, n_preempt, simple, arrival, stage_ptr, is_dec_stage, stage_ttft, stage_tokens,
+         stage_tpot, w_in, alpha, no_tpot, idx, tok, running, n_run, wq, n_wq, more_waiting, hand_finishes, free,
+         block_size, inst_id, rule, budget, max_seqs, reserve, coef, t, horizon, busy_time, work, ev_t):
+    """:func:`run_instance`'s loop; returns ``(code, t, t_end, m, n_run, n_wq, n_done, free, iterations, tokens,
+    busy_time, last_dt, n_events)``."""
+    done, req, rtok, blocks = work[W_DONE], work[W_REQ], work[W_TOK], work[W_BLOCKS]
+    buf1, buf2, no_spec, vict = work[W_FIN], work[W_PRE], work[W_ZERO], work[W_VICT]
+    n_done = iters = tokens = n_ev = 0
     last_dt = 0.0
     while True:
         # ---- the iteration in flight ends at t (Simulator._on_iteration_done)
@@ -98,39 +144,57 @@ def run_instance(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in,
                 buf1[n_tr] = r
                 n_tr += 1
         if n_tr and (hand_finishes or not _all_simple(simple, buf1, n_tr)):
-            return TRANSITIONS, t, t, n_tr, n_run, n_adm, n_done, free, iters, tokens, busy_time, last_dt
+            return TRANSITIONS, t, t, n_tr, n_run, n_wq, n_done, free, iters, tokens, busy_time, last_dt, n_ev
         for k in range(n_tr):  # each ends its last stage (a plain request): _end_decode_stage, then _done
             r = buf1[k]
             gaps = I[r, I_SLEN] - 1
             if is_dec_stage[stage[r]] and gaps > 0:
                 mean_slack[r] = _pymin(mean_slack[r], F[r, F_TPOT] - (t - stage_t0[r]) / gaps)
-            free += I[r, I_KV]
-            I[r, I_KV] = 0
-            I[r, I_NC] = 0
-            I[r, I_SLOT] = -1
-            n_run = _remove(running, n_run, r)
+            free += _release(I, running, n_run, r)
+            n_run -= 1
             status[r] = _DONE
             outcome[r] = _BEST_EFFORT if be[r] else _FINISHED
             finish[r] = t
             done[n_done] = r
             n_done += 1
-        # ---- the next batch (the scheduler's rule)
-        cands = head[n_adm:]
-        if n_run == 0 and cands.size == 0:
-            return (SCHEDULE if more_waiting else IDLE), t, t, 0, n_run, n_adm, n_done, free, iters, tokens, \
-                busy_time, last_dt
-        m = _form(I, running, n_run, cands, more_waiting, free, block_size, rule, budget, max_seqs, reserve, req,
-                  rtok)
-        if m <= 0:
-            return (IDLE if m == 0 else SCHEDULE), t, t, 0, n_run, n_adm, n_done, free, iters, tokens, busy_time, \
-                last_dt
+        # ---- the next batch (the scheduler's rule; Simulator._schedule)
+        while True:
+            if n_run == 0 and n_wq == 0:
+                return (SCHEDULE if more_waiting else IDLE), t, t, 0, n_run, n_wq, n_done, free, iters, tokens, \
+                    busy_time, last_dt, n_ev
+            m, n_vict = _form(I, arrival, running, n_run, wq[:n_wq], more_waiting, free, block_size, rule, budget,
+                              max_seqs, reserve, req, rtok, vict)
+            if m < 0 or n_ev + n_vict > ev_t.size:
+                return SCHEDULE, t, t, 0, n_run, n_wq, n_done, free, iters, tokens, busy_time, last_dt, n_ev
+            for k in range(n_vict):  # Simulator._preempt: recompute later, back to the front of the queue
+                v = vict[k]
+                recomputed[v] += I[v, I_NC]
+                n_preempt[v] += 1
+                ev_t[n_ev] = t
+                work[W_EVR, n_ev] = v
+                work[W_EVNC, n_ev] = I[v, I_NC]
+                n_ev += 1
+                free += _release(I, running, n_run, v)
+                n_run -= 1
+                status[v] = _WAITING
+                I[v, I_SLOT] = inst_id
+                for j in range(n_wq, 0, -1):
+                    wq[j] = wq[j - 1]
+                wq[0] = v
+                n_wq += 1
+            if m > 0:
+                break
+            if n_vict == 0:
+                return IDLE, t, t, 0, n_run, n_wq, n_done, free, iters, tokens, busy_time, last_dt, n_ev
         b_req, b_tok = req[:m], rtok[:m]
         p_tok, p_n, p_attn, _, d_n, d_tok, d_ctx, _, _, total = kernels.batch_features(
             I, b_req, b_tok, no_spec[:m], block_size, blocks)
         dt = analytic_time(p_tok, p_n, p_attn, d_n, d_tok, d_ctx, coef)
         if total > free or not dt > 0.0:
-            return SCHEDULE, t, t, 0, n_run, n_adm, n_done, free, iters, tokens, busy_time, last_dt
-        # ---- launch (Simulator._launch / _admit)
+            return SCHEDULE, t, t, 0, n_run, n_wq, n_done, free, iters, tokens, busy_time, last_dt, n_ev
+        # ---- launch (Simulator._launch / _admit): the admitted requests were a prefix of the waiting queue
+        # when the batch was formed; this round's victims went in front of them since
+        n_adm = 0
         for j in range(m):
             r = b_req[j]
             I[r, I_KV] = blocks[j]
@@ -141,20 +205,36 @@ def run_instance(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in,
                 running[n_run] = r
                 n_run += 1
                 n_adm += 1
+        if n_adm:
+            n_wq -= n_adm
+            wq[n_vict:n_wq] = wq[n_vict + n_adm:n_adm + n_wq].copy()
         free -= total
         busy_time += dt
         last_dt = dt
         t_end = t + dt
         if not t_end < horizon:
-            return LAUNCHED, t, t_end, m, n_run, n_adm, n_done, free, iters, tokens, busy_time, last_dt
+            return LAUNCHED, t, t_end, m, n_run, n_wq, n_done, free, iters, tokens, busy_time, last_dt, n_ev
         t = t_end
         idx, tok = b_req, b_tok
 
 
 @njit(**_JIT)
-def _form(I, running, n_run, cands, more_waiting, free, block_size, rule, budget, max_seqs, reserve, req, rtok):
-    """The next batch into ``req``/``rtok`` by ``rule`` (``cands``: the waiting head). Returns its size, 0 to
-    idle, -1 when the Python scheduler must decide (it preempts, or needs waiting requests beyond the head)."""
+def _release(I, running, n_run, r) -> int:
+    """``r`` leaves the running set and drops its KV (Simulator._release); returns the blocks freed."""
+    kv = I[r, I_KV]
+    I[r, I_KV] = 0
+    I[r, I_NC] = 0
+    I[r, I_SLOT] = -1
+    _remove(running, n_run, r)
+    return kv
+
+
+@njit(**_JIT)
+def _form(I, arrival, running, n_run, cands, more_waiting, free, block_size, rule, budget, max_seqs, reserve, req,
+          rtok, vict):
+    """The next batch into ``req``/``rtok`` by ``rule`` (``cands``: the waiting head) and the running requests it
+    preempts first into ``vict``. Returns (batch size, victims): an empty batch with no victims idles; size -1
+    means the Python scheduler must decide (it needs waiting requests beyond the head)."""
     n_dec = 0
     n_pre = 0
     pre = np.empty(n_run, np.int64)
@@ -167,35 +247,90 @@ def _form(I, running, n_run, cands, more_waiting, free, block_size, rule, budget
         else:
             pre[n_pre] = r
             n_pre += 1
-    dec = req[:n_dec]
-    if rule == STALL_FREE:
-        growth = kernels.decode_kv_growth(I, dec, block_size) if n_dec else 0
-        if growth > free:
-            return -1  # make_room_for_decodes preempts
-        if n_pre == 0 and cands.size == 0 and not more_waiting:
-            return n_dec
-        got = _chunks(I, pre[:n_pre], cands, more_waiting, budget - n_dec, free - growth, max_seqs - n_dec,
-                      block_size, True, req, rtok, n_dec)
-        if got < 0:
-            return -1
-        if n_dec + got == 0:
-            return -1 if n_run else 0  # unstick preempts a running request; with none it idles
-        return n_dec + got
-    if n_pre or cands.size or more_waiting:
+    if rule == PREFILL_FIRST and (n_pre or cands.size or more_waiting):
         got = _chunks(I, pre[:n_pre], cands, more_waiting, budget, free - reserve, max_seqs - n_dec, block_size,
                       False, req, rtok, n_dec)
-        if got < 0:
-            return -1
-        if got:  # a prefill-only batch: move it to the front
+        if got:  # a prefill-only batch (or -1): move it to the front
             for j in range(got):
                 req[j] = req[n_dec + j]
                 rtok[j] = rtok[n_dec + j]
-            return got
-    if not n_dec:
-        return -1 if n_run else 0
-    if kernels.decode_kv_growth(I, dec, block_size) > free:
-        return -1
-    return n_dec
+            return got, 0
+    if n_dec == 0 and (rule == PREFILL_FIRST or n_pre == 0 and cands.size == 0 and not more_waiting):
+        return _unstick(arrival, running, n_run, vict)
+    n_keep, n_vict, free = _make_room(I, arrival, req, n_dec, pre, n_pre, free, block_size, vict)
+    if rule == PREFILL_FIRST:
+        return n_keep, n_vict
+    if n_vict:  # the victims leave the prefill candidates
+        k = 0
+        for j in range(n_pre):
+            if not _contains(vict, n_vict, pre[j]):
+                pre[k] = pre[j]
+                k += 1
+        n_pre = k
+    if n_pre == 0 and cands.size == 0 and not more_waiting:
+        return n_keep, n_vict
+    got = _chunks(I, pre[:n_pre], cands, more_waiting, budget - n_keep, free, max_seqs - n_keep, block_size, True,
+                  req, rtok, n_keep)
+    if got < 0:
+        return -1, 0
+    if n_keep + got == 0 and n_vict == 0:
+        return _unstick(arrival, running, n_run, vict)
+    return n_keep + got, n_vict
+
+
+@njit(**_JIT)
+def _contains(a, n, v) -> bool:
+    for j in range(n):
+        if a[j] == v:
+            return True
+    return False
+
+
+@njit(**_JIT)
+def _unstick(arrival, running, n_run, vict):
+    """Nothing fits: preempt the latest-arrived running request (the first of them in running order), or idle."""
+    if n_run == 0:
+        return 0, 0
+    best = running[0]
+    for j in range(1, n_run):
+        if arrival[running[j]] > arrival[best]:
+            best = running[j]
+    vict[0] = best
+    return 0, 1
+
+
+@njit(**_JIT)
+def _make_room(I, arrival, dec, n_dec, pre, n_pre, free, block_size, vict):
+    """:func:`slogym.baselines.common.make_room_for_decodes` with the arrival time as the victim key: preempt
+    running requests, latest arrival first, until every remaining decode of ``dec[:n_dec]`` can grow by one
+    token. Compacts the survivors in ``dec`` (order kept); returns (survivors, victims, KV blocks left)."""
+    total = kernels.decode_kv_growth(I, dec[:n_dec], block_size)
+    if total <= free:
+        return n_dec, 0, free - total
+    pool = np.empty(n_dec + n_pre, np.int64)
+    pool[:n_dec] = dec[:n_dec]
+    pool[n_dec:] = pre[:n_pre]
+    order = np.argsort(arrival[pool], kind="mergesort")  # stable, as Python's sorted
+    alive = np.ones(n_dec + n_pre, np.bool_)
+    n_vict = 0
+    k = pool.size - 1
+    while total > free and k >= 0:
+        j = order[k]
+        k -= 1
+        v = pool[j]
+        vict[n_vict] = v
+        n_vict += 1
+        free += I[v, I_KV]
+        alive[j] = False
+        if j < n_dec:
+            need = (I[v, I_NC] + block_size) // block_size - I[v, I_KV]
+            total -= need if need > 0 else 0
+    n_keep = 0
+    for j in range(n_dec):
+        if alive[j]:
+            dec[n_keep] = dec[j]
+            n_keep += 1
+    return n_keep, n_vict, free - total
 
 
 @njit(**_JIT)

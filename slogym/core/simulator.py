@@ -49,6 +49,7 @@ _QUEUED, _WAITING, _RUNNING, _EXTERNAL, _DONE, _TRANSFER = (int(s) for s in (
 _FINISHED, _BEST_EFFORT = int(Outcome.FINISHED), int(Outcome.BEST_EFFORT)
 _FF_MAX = 4096
 _PILOT_HEAD = 64  # waiting requests the pilot sees; it hands back to Python when it would need more
+_NONE = np.zeros(0, np.int64)
 # fewer iterations to the next event than this are stepped: a bulk call costs about as much as ~4 steps
 FF_MIN_STRETCH = 4
 _Gen = Generator[tuple, Any, None]
@@ -333,7 +334,11 @@ class Simulator:
         self._blocks_buf = np.empty(len(w), np.int64)  # KV blocks per request of the batch being launched
         self._no_spec = np.zeros(len(w), np.int64)
         self._pilot_args = self._pilot_tables()
-        self._pilot_bufs = tuple(np.empty(len(w), np.int64) for _ in range(5))  # running, done, req, tokens, blocks
+        work = np.empty((pilot.N_ROWS, len(w) + _PILOT_HEAD), np.int64)  # rows: pilot.W_*
+        work[pilot.W_ZERO] = 0
+        x = np.zeros(8)
+        x[pilot.X_WIN], x[pilot.X_ALPHA], x[pilot.X_NOTPOT] = self.sg_weights[0], self.sg_alpha, NO_TPOT
+        self._pilot_io = (np.zeros(18, np.int64), x, work, np.empty(len(w)))
         # largest context a request reaches: all its prefill and decode tokens (KV kept across stages)
         tok = np.where(w.stage_kind != _EXTERNAL, w.stage_tokens, 0)
         c = np.concatenate(([0], np.cumsum(tok)))
@@ -713,54 +718,56 @@ class Simulator:
         simple = (w.group < 0) & (self._skind[first] == _PREFILL) & (
             (n_st == 1) | ((n_st == 2) & (self._skind[nxt] == _DECODE)))
         return (rs.F, rs.I, rs.status, rs.first_scheduled, rs.stage, rs.ready, rs.ttft_slack, rs.sg_in,
-                rs.first_token, rs.stage_t0, rs.mean_slack, rs.outcome, rs.finish, rs.be, simple, w.stage_ptr,
-                self._is_dec_stage, w.stage_ttft, w.stage_tokens, w.stage_tpot, float(self.sg_weights[0]),
-                self.sg_alpha, NO_TPOT)
+                rs.first_token, rs.stage_t0, rs.mean_slack, rs.outcome, rs.finish, rs.be, rs.recomputed, rs.n_preempt,
+                simple, w.arrival, w.stage_ptr, self._is_dec_stage, w.stage_ttft, w.stage_tokens, w.stage_tpot)
 
     def _pilot(self, inst: Instance, t: float) -> _Gen:
         """End ``inst``'s iteration at ``t`` and run it up to the next event with the compiled pilot when its
         scheduler and perf model have compiled forms; returns False (nothing done) when it does not apply."""
         idx, tok, spec = inst.inflight
-        rule = None
-        if (inst.time_coef is not None and spec is None and inst.role == Role.COLOCATED and not self._lifecycle
-                and not inst.n_waiting_kv):
-            rule = self.policy.scheduler.pilot_rule(inst)
+        if (inst.time_coef is None or spec is not None or inst.role != Role.COLOCATED or self._lifecycle
+                or inst.n_waiting_kv):
+            return False
+        rule = self.policy.scheduler.pilot_rule(inst)
         if rule is None:
             return False
-        run, done, req, rtok, blocks = self._pilot_bufs
-        n_run = len(inst.running)
-        run[:n_run] = inst.running_array()
-        head = np.array(inst.waiting[:_PILOT_HEAD], np.int64)
-        code, t, t_end, m, n_run, n_adm, n_done, free, iters, tokens, busy, last_dt = pilot.run_instance(
-            *self._pilot_args, idx, tok, run, n_run, head, len(inst.waiting) > head.size, bool(self.global_queue),
-            inst.free_blocks, inst.block_size, *rule, inst.time_coef, t, self._ff_horizon(), inst.busy_time, done,
-            req, rtok, blocks, self._fin_buf, self._pre_buf, self._no_spec)
+        ints, x, work, ev_t = self._pilot_io
+        waiting = inst.waiting
+        head = np.array(waiting[:_PILOT_HEAD], np.int64) if waiting else _NONE
+        ints[:9] = (len(waiting) > _PILOT_HEAD, bool(self.global_queue), inst.free_blocks, inst.block_size, inst.id,
+                    *rule)
+        x[:3] = (t, self._ff_horizon(), inst.busy_time)
+        pilot.run_instance(*self._pilot_args, idx, tok, inst.running_array(), head, ints, x, inst.time_coef, work,
+                           ev_t)
+        code, m, n_run, n_wait, n_done, inst.free_blocks, iters, tokens, n_ev = ints[9:].tolist()
+        t, busy, t_end, last_dt = x[pilot.X_T], x[pilot.X_BUSY], x[pilot.X_TEND], x[pilot.X_LASTDT]
         inst.inflight = None
         inst.iterations += iters
         self.pilot_iterations += iters
         inst.tokens += tokens
-        inst.free_blocks = free
         inst.busy_time = busy
-        if n_adm:
-            del inst.waiting[:n_adm]
-        inst.running = run[:n_run].tolist()
-        inst.running_changed()
+        if n_wait != head.size or n_ev:
+            waiting[:head.size] = work[pilot.W_WAIT, :n_wait].tolist()
+        inst.set_running(work[pilot.W_RUN, :n_run])
         if n_done:
-            self._pilot_done(done[:n_done].tolist())
+            self._pilot_done(work[pilot.W_DONE, :n_done].tolist())
+        if n_ev:
+            self.events.extend((te, "preempt", r, inst.id, nc) for te, r, nc in zip(
+                ev_t[:n_ev].tolist(), work[pilot.W_EVR, :n_ev].tolist(), work[pilot.W_EVNC, :n_ev].tolist()))
         self.now = t
         if code == pilot.TRANSITIONS:  # the rest of _on_iteration_done, in Python
-            for r in self._fin_buf[:m].tolist():
+            for r in work[pilot.W_FIN, :m].tolist():
                 yield from self._transition(r, t)
         inst.busy = False
         if code == pilot.LAUNCHED:
             inst.last_dt = last_dt
             inst.busy = True
-            inst.inflight = (req[:m].copy(), rtok[:m].copy(), None)
+            inst.inflight = (work[pilot.W_REQ, :m].copy(), work[pilot.W_TOK, :m].copy(), None)
             self._seq += 1
             heapq.heappush(self._iter, (t_end, self._seq, inst.id))
         elif iters > 1:
             inst.last_dt = last_dt
-        if code in (pilot.SCHEDULE, pilot.TRANSITIONS) and inst.n_resident:
+        if code != pilot.LAUNCHED and code != pilot.IDLE and inst.n_resident:
             yield from self._schedule(inst, t)
         return True
 
