@@ -1,13 +1,14 @@
 """Native batched vector env: N simulators stepped in lockstep, their iteration times evaluated together.
 
 ``gym.make_vec("slogym/Batching-v0", num_envs=64, vectorization_mode="vector_entry_point", **kwargs)`` (or
-``SlogymVectorEnv("slogym/Batching-v0", 64, **kwargs)``) runs N copies of one environment. Each copy's
-simulator defers the timing of every iteration it starts; the vector env gathers the pending batches of all
-copies and evaluates them in one call of the vectorized perf model (NumPy, or CuPy on a GPU: see
-``slogym.engines.arrays``), then hands
-each copy its time back. Results are identical to N independent environments: the vectorized and the
-single-batch perf-model paths give the same bits. Sub-environment ``i`` is seeded ``seed + i``; autoreset
-follows Gymnasium's next-step convention.
+``SlogymVectorEnv("slogym/Batching-v0", 64, **kwargs)``) runs N copies of one environment. Unless the engine's
+perf model has a compiled form (then each copy times its own iterations, cheaper than any round trip), each
+copy's simulator defers the timing of every iteration it starts; the vector env gathers the pending batches of
+all copies and evaluates them in one call of the vectorized perf model (NumPy, or CuPy on a GPU: see
+``slogym.engines.arrays``), then hands each copy its time back. Admission-v0 / Routing-v0 copies write their
+observations straight into the batch buffers. Results are identical to N independent environments: the
+vectorized, single-batch and compiled perf-model paths give the same bits. Sub-environment ``i`` is seeded
+``seed + i``; autoreset follows Gymnasium's next-step convention.
 """
 
 from __future__ import annotations
