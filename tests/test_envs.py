@@ -184,6 +184,21 @@ def _same_info(a, b) -> bool:
     return a == b or (a != a and b != b)
 
 
+def test_arrival_vector_env_writes_observations_in_place():
+    """Admission-v0 / Routing-v0 sub-envs build their observations in the batch buffers; a single env's are its
+    own arrays at every step."""
+    venv = gym.make_vec("slogym/Routing-v0", num_envs=2, vectorization_mode="vector_entry_point", n_instances=2,
+                        **SMALL)
+    obs, _ = venv.reset(seed=1)
+    rows = venv.unwrapped.envs[1].obs_rows
+    obs, *_ = venv.step(np.zeros(2, np.int64))
+    assert all(np.shares_memory(rows[k], obs[k][1]) for k in obs)
+    env = gym.make("slogym/Routing-v0", n_instances=2, **SMALL)
+    first, _ = env.reset(seed=1)
+    second = env.step(0)[0]
+    assert env.unwrapped.obs_rows is None and not any(np.shares_memory(first[k], second[k]) for k in first)
+
+
 def test_native_vector_env_infos_and_batched_timing():
     """The vector infos have Gymnasium's ``_add_info`` layout (summary included when a sub-env ends), and the
     iterations of all sub-environments are timed together (one evaluator for their equal engines)."""
