@@ -67,19 +67,22 @@ def _remove(running: np.ndarray, n_run: int, r: int) -> int:
 
 
 # layout of run_instance's in/out vectors and work tables
-IN_MORE, IN_HAND, IN_FREE, IN_BLOCK, IN_INST, IN_RULE, IN_BUDGET, IN_SEQS, IN_RESERVE = range(9)  # ints (in)
-OUT_CODE, OUT_M, OUT_NRUN, OUT_NWAIT, OUT_DONE, OUT_FREE, OUT_ITERS, OUT_TOKENS, OUT_NEV = range(9, 18)  # (out)
+IN_MORE, IN_HAND, IN_FREE, IN_BLOCK, IN_INST, IN_NA, IN_ABSORB, IN_RULE, IN_BUDGET, IN_SEQS, IN_RESERVE = range(11)
+OUT_CODE, OUT_M, OUT_NRUN, OUT_NWAIT, OUT_DONE, OUT_FREE, OUT_ITERS, OUT_TOKENS, OUT_NEV, OUT_NA, OUT_NAPP = \
+    range(11, 22)
 X_T, X_HORIZON, X_BUSY, X_WIN, X_ALPHA, X_NOTPOT, X_TEND, X_LASTDT = range(8)  # floats (in, and out: t, busy, ...)
 # rows of the int64 work table: running set, finished, batch, its tokens and blocks, stage ends, prefills caught
-# up, zeros (no drafts), the waiting head, victims, preemption log (request, tokens thrown away)
-W_RUN, W_DONE, W_REQ, W_TOK, W_BLOCKS, W_FIN, W_PRE, W_ZERO, W_WAIT, W_VICT, W_EVR, W_EVNC = range(12)
-N_ROWS = 12
+# up, zeros (no drafts), the waiting head, victims, preemption log (request, tokens thrown away), arrivals
+# appended behind the waiting head
+W_RUN, W_DONE, W_REQ, W_TOK, W_BLOCKS, W_FIN, W_PRE, W_ZERO, W_WAIT, W_VICT, W_EVR, W_EVNC, W_APP = range(13)
+N_ROWS = 13
 
 
 @njit(**_JIT)
 def run_instance(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_token, stage_t0, mean_slack,
-                 outcome, finish, be, recomputed, n_preempt, simple, arrival, stage_ptr, is_dec_stage, stage_ttft,
-                 stage_tokens, stage_tpot, idx, tok, running, head, ints, x, coef, work, ev_t) -> None:
+                 outcome, finish, be, recomputed, n_preempt, simple, arrival, group, max_ctx, instance, stage_ptr,
+                 is_dec_stage, stage_ttft, stage_tokens, stage_tpot, idx, tok, running, head, ints, x, coef, work,
+                 ev_t) -> None:
     """End the batch ``idx``/``tok`` in flight at ``x[X_T]`` and run the instance until the next iteration would
     end at or after ``x[X_HORIZON]``, or until the Python path must take over (scalars travel in ``ints``/``x``
     to keep the call cheap: a compiled call costs ~0.2 us per argument).
@@ -87,10 +90,14 @@ def run_instance(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in,
     ``running`` is the running set in order; ``head`` the first waiting requests (``ints[IN_MORE]``: the queue is
     longer). Stage ends are applied here only for ``simple`` requests ending their last stage (a plain prompt +
     decode outside any group) and when not ``ints[IN_HAND]`` (a finish must wake the cluster's global queue); any
-    other makes the iteration end with ``TRANSITIONS`` (the stage ends in ``work[W_FIN, :m]``).
+    other makes the iteration end with ``TRANSITIONS`` (the stage ends in ``work[W_FIN, :m]``). With
+    ``ints[IN_ABSORB]`` (the instance's KV capacity in tokens; 0 = off) it also places the arrivals from
+    ``ints[IN_NA]`` on, which the router would send here whatever they are, until one is a group member or too
+    large for the instance (the simulator's to route or drop); the horizon then excludes arrivals.
     Writes ``ints[OUT_*]``: the code, m, the running count (``work[W_RUN]``), the new waiting head's length
     (``work[W_WAIT]``: it replaces ``head``), requests finished (``work[W_DONE]``, in order), free KV blocks,
-    iterations ended, tokens computed, preemptions (``ev_t``, ``work[W_EVR]``, ``work[W_EVNC]``); and ``x[X_T]``
+    iterations ended, tokens computed, preemptions (``ev_t``, ``work[W_EVR]``, ``work[W_EVNC]``), the next
+    arrival, arrivals appended behind the head (``work[W_APP]``); and ``x[X_T]``
     (the time it stopped at), ``x[X_TEND]``, ``x[X_BUSY]``, ``x[X_LASTDT]``. With ``LAUNCHED`` the batch
     ``work[W_REQ, :m]``/``work[W_TOK, :m]`` is in flight from ``x[X_T]`` to ``x[X_TEND]``.
     """
@@ -99,12 +106,12 @@ def run_instance(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in,
     wq = work[W_WAIT]
     wq[:head.size] = head
     out = _run(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_token, stage_t0, mean_slack,
-               outcome, finish, be, recomputed, n_preempt, simple, arrival, stage_ptr, is_dec_stage, stage_ttft,
-               stage_tokens, stage_tpot, x[X_WIN], x[X_ALPHA], x[X_NOTPOT], idx, tok, run, running.size, wq,
-               head.size, ints[IN_MORE] != 0, ints[IN_HAND] != 0, ints[IN_FREE], ints[IN_BLOCK], ints[IN_INST],
-               ints[IN_RULE], ints[IN_BUDGET], ints[IN_SEQS], ints[IN_RESERVE], coef, x[X_T], x[X_HORIZON],
-               x[X_BUSY], work, ev_t)
-    code, t, t_end, m, n_run, n_wq, n_done, free, iters, tokens, busy, last_dt, n_ev = out
+               outcome, finish, be, recomputed, n_preempt, simple, arrival, group, max_ctx, instance, stage_ptr,
+               is_dec_stage, stage_ttft, stage_tokens, stage_tpot, x[X_WIN], x[X_ALPHA], x[X_NOTPOT], idx, tok, run,
+               running.size, wq, head.size, ints[IN_MORE] != 0, ints[IN_HAND] != 0, ints[IN_FREE], ints[IN_BLOCK],
+               ints[IN_INST], ints[IN_RULE], ints[IN_BUDGET], ints[IN_SEQS], ints[IN_RESERVE], ints[IN_NA],
+               ints[IN_ABSORB], coef, x[X_T], x[X_HORIZON], x[X_BUSY], work, ev_t)
+    code, t, t_end, m, n_run, n_wq, n_done, free, iters, tokens, busy, last_dt, n_ev, na, n_app = out
     ints[OUT_CODE] = code
     ints[OUT_M] = m
     ints[OUT_NRUN] = n_run
@@ -114,6 +121,8 @@ def run_instance(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in,
     ints[OUT_ITERS] = iters
     ints[OUT_TOKENS] = tokens
     ints[OUT_NEV] = n_ev
+    ints[OUT_NA] = na
+    ints[OUT_NAPP] = n_app
     x[X_T] = t
     x[X_TEND] = t_end
     x[X_BUSY] = busy
@@ -122,50 +131,87 @@ def run_instance(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in,
 
 @njit(**_JIT)
 def _run(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_token, stage_t0, mean_slack, outcome,
-         finish, be, recomputed, n_preempt, simple, arrival, stage_ptr, is_dec_stage, stage_ttft, stage_tokens,
-         stage_tpot, w_in, alpha, no_tpot, idx, tok, running, n_run, wq, n_wq, more_waiting, hand_finishes, free,
-         block_size, inst_id, rule, budget, max_seqs, reserve, coef, t, horizon, busy_time, work, ev_t):
-    """:func:`run_instance`'s loop; returns ``(code, t, t_end, m, n_run, n_wq, n_done, free, iterations, tokens,
-    busy_time, last_dt, n_events)``."""
+         finish, be, recomputed, n_preempt, simple, arrival, group, max_ctx, instance, stage_ptr, is_dec_stage,
+         stage_ttft, stage_tokens, stage_tpot, w_in, alpha, no_tpot, idx, tok, running, n_run, wq, n_wq,
+         more_waiting, hand_finishes, free, block_size, inst_id, rule, budget, max_seqs, reserve, na, absorb_cap, coef,
+         t, horizon, busy_time, work, ev_t):
+    """:func:`run_instance`'s event loop; returns ``(code, t, t_end, m, n_run, n_wq, n_done, free, iterations,
+    tokens, busy_time, last_dt, n_events, na, n_appended)``. With ``absorb_cap`` (the instance's KV capacity in
+    tokens; 0 = off) it also takes the arrivals from ``na`` on that the router sends here whatever they are."""
     done, req, rtok, blocks = work[W_DONE], work[W_REQ], work[W_TOK], work[W_BLOCKS]
-    buf1, buf2, no_spec, vict = work[W_FIN], work[W_PRE], work[W_ZERO], work[W_VICT]
-    n_done = iters = tokens = n_ev = 0
+    buf1, buf2, no_spec, vict, app = work[W_FIN], work[W_PRE], work[W_ZERO], work[W_VICT], work[W_APP]
+    n_done = iters = tokens = n_ev = n_app = m = 0
     last_dt = 0.0
+    t_end = t  # the batch idx/tok in flight ends now
+    in_flight = True
     while True:
-        # ---- the iteration in flight ends at t (Simulator._on_iteration_done)
-        iters += 1
-        computed, n_fin, n_pre = kernels.end_iteration(F, I, is_dec_stage, stage, idx, tok, t, alpha, buf1, buf2)
-        tokens += computed
-        n_tr = n_fin
-        for k in range(n_pre):
-            r = buf2[k]
-            if kernels.end_prefill(F, I, r, t, stage, ready, ttft_slack, sg_in, first_token, stage_t0, stage_ptr,
-                                   is_dec_stage, stage_ttft, stage_tokens, stage_tpot, w_in, alpha, no_tpot):
-                buf1[n_tr] = r
-                n_tr += 1
-        if n_tr and (hand_finishes or not _all_simple(simple, buf1, n_tr)):
-            return TRANSITIONS, t, t, n_tr, n_run, n_wq, n_done, free, iters, tokens, busy_time, last_dt, n_ev
-        for k in range(n_tr):  # each ends its last stage (a plain request): _end_decode_stage, then _done
-            r = buf1[k]
-            gaps = I[r, I_SLEN] - 1
-            if is_dec_stage[stage[r]] and gaps > 0:
-                mean_slack[r] = _pymin(mean_slack[r], F[r, F_TPOT] - (t - stage_t0[r]) / gaps)
-            free += _release(I, running, n_run, r)
-            n_run -= 1
-            status[r] = _DONE
-            outcome[r] = _BEST_EFFORT if be[r] else _FINISHED
-            finish[r] = t
-            done[n_done] = r
-            n_done += 1
-        # ---- the next batch (the scheduler's rule; Simulator._schedule)
+        # ---- the next event: the batch in flight ends (first on a tie), or the next arrival (when absorbing)
+        ta = np.inf
+        if absorb_cap and na < arrival.size:
+            if group[na] >= 0 or max_ctx[na] > absorb_cap:  # a group member or a drop: the simulator's
+                horizon = min(horizon, arrival[na])
+                absorb_cap = 0
+            else:
+                ta = arrival[na]
+        if in_flight and t_end <= ta:
+            if iters and not t_end < horizon:
+                return LAUNCHED, t, t_end, m, n_run, n_wq, n_done, free, iters, tokens, busy_time, last_dt, n_ev, \
+                    na, n_app
+            t = t_end
+            in_flight = False
+            computed, n_tr = _end_iteration(F, I, stage, ready, ttft_slack, sg_in, first_token, stage_t0, stage_ptr,
+                                            is_dec_stage, stage_ttft, stage_tokens, stage_tpot, w_in, alpha, no_tpot,
+                                            idx, tok, t, buf1, buf2)
+            iters += 1
+            tokens += computed
+            if n_tr and (hand_finishes or not _all_simple(simple, buf1, n_tr)):
+                return TRANSITIONS, t, t, n_tr, n_run, n_wq, n_done, free, iters, tokens, busy_time, last_dt, \
+                    n_ev, na, n_app
+            for k in range(n_tr):  # each ends its last stage (a plain request): _end_decode_stage, then _done
+                r = buf1[k]
+                gaps = I[r, I_SLEN] - 1
+                if is_dec_stage[stage[r]] and gaps > 0:
+                    mean_slack[r] = _pymin(mean_slack[r], F[r, F_TPOT] - (t - stage_t0[r]) / gaps)
+                free += _release(I, running, n_run, r)
+                n_run -= 1
+                status[r] = _DONE
+                outcome[r] = _BEST_EFFORT if be[r] else _FINISHED
+                finish[r] = t
+                done[n_done] = r
+                n_done += 1
+        elif ta < horizon:  # Simulator._begin / _place: the request joins the back of the waiting queue
+            t = ta
+            r = na
+            na += 1
+            ready[r] = t
+            I[r, I_NT] = I[r, I_SLEN]
+            instance[r] = inst_id
+            I[r, I_SLOT] = inst_id
+            status[r] = _WAITING
+            if more_waiting:
+                app[n_app] = r
+                n_app += 1
+            else:
+                wq[n_wq] = r
+                n_wq += 1
+            if in_flight:
+                continue
+        else:
+            return (LAUNCHED if in_flight else IDLE), t, t_end, m, n_run, n_wq, n_done, free, iters, tokens, \
+                busy_time, last_dt, n_ev, na, n_app
+        # ---- the instance is free at t: the next batch (the scheduler's rule; Simulator._schedule)
         while True:
             if n_run == 0 and n_wq == 0:
-                return (SCHEDULE if more_waiting else IDLE), t, t, 0, n_run, n_wq, n_done, free, iters, tokens, \
-                    busy_time, last_dt, n_ev
+                m = 0
+                if more_waiting:
+                    return SCHEDULE, t, t, 0, n_run, n_wq, n_done, free, iters, tokens, busy_time, last_dt, n_ev, \
+                        na, n_app
+                break
             m, n_vict = _form(I, arrival, running, n_run, wq[:n_wq], more_waiting, free, block_size, rule, budget,
                               max_seqs, reserve, req, rtok, vict)
             if m < 0 or n_ev + n_vict > ev_t.size:
-                return SCHEDULE, t, t, 0, n_run, n_wq, n_done, free, iters, tokens, busy_time, last_dt, n_ev
+                return SCHEDULE, t, t, 0, n_run, n_wq, n_done, free, iters, tokens, busy_time, last_dt, n_ev, \
+                    na, n_app
             for k in range(n_vict):  # Simulator._preempt: recompute later, back to the front of the queue
                 v = vict[k]
                 recomputed[v] += I[v, I_NC]
@@ -182,16 +228,16 @@ def _run(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_t
                     wq[j] = wq[j - 1]
                 wq[0] = v
                 n_wq += 1
-            if m > 0:
+            if m > 0 or n_vict == 0:
                 break
-            if n_vict == 0:
-                return IDLE, t, t, 0, n_run, n_wq, n_done, free, iters, tokens, busy_time, last_dt, n_ev
+        if m == 0:  # idle until the next event
+            continue
         b_req, b_tok = req[:m], rtok[:m]
         p_tok, p_n, p_attn, _, d_n, d_tok, d_ctx, _, _, total = kernels.batch_features(
             I, b_req, b_tok, no_spec[:m], block_size, blocks)
         dt = analytic_time(p_tok, p_n, p_attn, d_n, d_tok, d_ctx, coef)
         if total > free or not dt > 0.0:
-            return SCHEDULE, t, t, 0, n_run, n_wq, n_done, free, iters, tokens, busy_time, last_dt, n_ev
+            return SCHEDULE, t, t, 0, n_run, n_wq, n_done, free, iters, tokens, busy_time, last_dt, n_ev, na, n_app
         # ---- launch (Simulator._launch / _admit): the admitted requests were a prefix of the waiting queue
         # when the batch was formed; this round's victims went in front of them since
         n_adm = 0
@@ -212,10 +258,24 @@ def _run(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_t
         busy_time += dt
         last_dt = dt
         t_end = t + dt
-        if not t_end < horizon:
-            return LAUNCHED, t, t_end, m, n_run, n_wq, n_done, free, iters, tokens, busy_time, last_dt, n_ev
-        t = t_end
+        in_flight = True
         idx, tok = b_req, b_tok
+
+
+@njit(**_JIT)
+def _end_iteration(F, I, stage, ready, ttft_slack, sg_in, first_token, stage_t0, stage_ptr, is_dec_stage, stage_ttft,
+                   stage_tokens, stage_tpot, w_in, alpha, no_tpot, idx, tok, t, buf1, buf2) -> tuple[int, int]:
+    """Simulator._on_iteration_done's accounting: tokens computed, and the stage ends it causes (``buf1``, in the
+    order the simulator applies them: decodes, then prefills caught up)."""
+    computed, n_fin, n_pre = kernels.end_iteration(F, I, is_dec_stage, stage, idx, tok, t, alpha, buf1, buf2)
+    n_tr = n_fin
+    for k in range(n_pre):
+        r = buf2[k]
+        if kernels.end_prefill(F, I, r, t, stage, ready, ttft_slack, sg_in, first_token, stage_t0, stage_ptr,
+                               is_dec_stage, stage_ttft, stage_tokens, stage_tpot, w_in, alpha, no_tpot):
+            buf1[n_tr] = r
+            n_tr += 1
+    return computed, n_tr
 
 
 @njit(**_JIT)

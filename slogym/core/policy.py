@@ -53,6 +53,15 @@ class Router(ABC):
     def route(self, req: int, sim: "Simulator", now: float) -> int:
         """Instance index, or DEFER / REJECT / BEST_EFFORT."""
 
+    def pilot_target(self, sim: "Simulator") -> int:
+        """The instance every arriving request goes to, whatever the request and the cluster's state (e.g. the
+        only accepting one), so the simulator's compiled pilot may place arrivals itself and report them with
+        :meth:`pilot_routed`; -1 (the default) when ``route`` must be asked for each."""
+        return -1
+
+    def pilot_routed(self, n: int) -> None:
+        """``n`` arrivals were placed on :meth:`pilot_target` without calling ``route``."""
+
     def best_effort_instance(self, req: int, sim: "Simulator", now: float) -> int:
         """Where a demoted request runs; default: the accepting entry instance with the fewest resident
         requests (DEFER when none accepts)."""
@@ -119,6 +128,13 @@ class SingleOrRoundRobin(Router):
         i = cands[self._next % len(cands)]
         self._next += 1
         return i
+
+    def pilot_target(self, sim: "Simulator") -> int:
+        cands = sim.accepting_instances(ENTRY_ROLES)
+        return cands[0] if len(cands) == 1 else -1
+
+    def pilot_routed(self, n: int) -> None:
+        self._next += n
 
 
 @dataclass

@@ -322,7 +322,8 @@ class Simulator:
         self._na = 0
         self._n_done = 0
         self.ff_iterations = 0
-        self.pilot_iterations = 0
+        self.pilot_iterations = 0  # iterations the compiled pilot ran, and arrivals it placed
+        self.pilot_arrivals = 0
         self.wall_seconds = 0.0
         self._skind = w.stage_kind.astype(np.int64)
         self._is_dec_stage = self._skind == _DECODE
@@ -333,16 +334,16 @@ class Simulator:
         self._waits_with_kv = np.zeros(len(w), np.bool_)  # joined a waiting list holding KV (n_waiting_kv)
         self._blocks_buf = np.empty(len(w), np.int64)  # KV blocks per request of the batch being launched
         self._no_spec = np.zeros(len(w), np.int64)
-        self._pilot_args = self._pilot_tables()
         work = np.empty((pilot.N_ROWS, len(w) + _PILOT_HEAD), np.int64)  # rows: pilot.W_*
         work[pilot.W_ZERO] = 0
         x = np.zeros(8)
         x[pilot.X_WIN], x[pilot.X_ALPHA], x[pilot.X_NOTPOT] = self.sg_weights[0], self.sg_alpha, NO_TPOT
-        self._pilot_io = (np.zeros(18, np.int64), x, work, np.empty(len(w)))
+        self._pilot_io = (np.zeros(22, np.int64), x, work, np.empty(len(w)))
         # largest context a request reaches: all its prefill and decode tokens (KV kept across stages)
         tok = np.where(w.stage_kind != _EXTERNAL, w.stage_tokens, 0)
         c = np.concatenate(([0], np.cumsum(tok)))
         self._max_ctx = c[w.stage_ptr[1:]] - c[w.stage_ptr[:-1]]
+        self._pilot_args = self._pilot_tables()
         self._groups: dict[tuple[int, int], int] = {}
         self._held: dict[tuple[int, int], list[int]] = {}
         for g, s in zip(w.group[w.group >= 0].tolist(), w.group_stage[w.group >= 0].tolist()):
@@ -612,8 +613,9 @@ class Simulator:
         inst.running_changed()
 
     # ================================================================== fast-forward
-    def _ff_horizon(self) -> float:
-        h = self.w.arrival[self._na] if self._na < len(self.w) else INF
+    def _ff_horizon(self, arrivals: bool = True) -> float:
+        """Time of the next event that could reach an instance (``arrivals``: counting the next arrival)."""
+        h = self.w.arrival[self._na] if arrivals and self._na < len(self.w) else INF
         if self._glob:
             h = min(h, self._glob[0][0])
         if self._iter and (self.policy.router.coupled or self.global_queue or self._held):
@@ -719,7 +721,8 @@ class Simulator:
             (n_st == 1) | ((n_st == 2) & (self._skind[nxt] == _DECODE)))
         return (rs.F, rs.I, rs.status, rs.first_scheduled, rs.stage, rs.ready, rs.ttft_slack, rs.sg_in,
                 rs.first_token, rs.stage_t0, rs.mean_slack, rs.outcome, rs.finish, rs.be, rs.recomputed, rs.n_preempt,
-                simple, w.arrival, w.stage_ptr, self._is_dec_stage, w.stage_ttft, w.stage_tokens, w.stage_tpot)
+                simple, w.arrival, w.group, self._max_ctx, rs.instance, w.stage_ptr, self._is_dec_stage, w.stage_ttft,
+                w.stage_tokens, w.stage_tpot)
 
     def _pilot(self, inst: Instance, t: float) -> _Gen:
         """End ``inst``'s iteration at ``t`` and run it up to the next event with the compiled pilot when its
@@ -734,20 +737,29 @@ class Simulator:
         ints, x, work, ev_t = self._pilot_io
         waiting = inst.waiting
         head = np.array(waiting[:_PILOT_HEAD], np.int64) if waiting else _NONE
-        ints[:9] = (len(waiting) > _PILOT_HEAD, bool(self.global_queue), inst.free_blocks, inst.block_size, inst.id,
-                    *rule)
-        x[:3] = (t, self._ff_horizon(), inst.busy_time)
+        router = self.policy.router
+        # arrivals are placed by the pilot too when the router would send every one here
+        absorb = not (self.agent_route or self.global_queue) and router.pilot_target(self) == inst.id
+        ints[:11] = (len(waiting) > _PILOT_HEAD, bool(self.global_queue), inst.free_blocks, inst.block_size, inst.id,
+                     self._na, inst.total_blocks * inst.block_size if absorb else 0, *rule)
+        x[:3] = (t, self._ff_horizon(arrivals=not absorb), inst.busy_time)
         pilot.run_instance(*self._pilot_args, idx, tok, inst.running_array(), head, ints, x, inst.time_coef, work,
                            ev_t)
-        code, m, n_run, n_wait, n_done, inst.free_blocks, iters, tokens, n_ev = ints[9:].tolist()
+        code, m, n_run, n_wait, n_done, inst.free_blocks, iters, tokens, n_ev, na, n_app = ints[11:].tolist()
+        if na != self._na:
+            router.pilot_routed(na - self._na)
+            self.pilot_arrivals += na - self._na
+            self._na = na
         t, busy, t_end, last_dt = x[pilot.X_T], x[pilot.X_BUSY], x[pilot.X_TEND], x[pilot.X_LASTDT]
         inst.inflight = None
         inst.iterations += iters
         self.pilot_iterations += iters
         inst.tokens += tokens
         inst.busy_time = busy
-        if n_wait != head.size or n_ev:
+        if n_wait != head.size or n_ev or absorb:
             waiting[:head.size] = work[pilot.W_WAIT, :n_wait].tolist()
+        if n_app:
+            waiting.extend(work[pilot.W_APP, :n_app].tolist())
         inst.set_running(work[pilot.W_RUN, :n_run])
         if n_done:
             self._pilot_done(work[pilot.W_DONE, :n_done].tolist())
