@@ -208,7 +208,7 @@ def _run(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_t
                         na, n_app
                 break
             m, n_vict = _form(I, arrival, running, n_run, wq[:n_wq], more_waiting, free, block_size, rule, budget,
-                              max_seqs, reserve, req, rtok, vict)
+                              max_seqs, reserve, req, rtok, vict, buf2)
             if m < 0 or n_ev + n_vict > ev_t.size:
                 return SCHEDULE, t, t, 0, n_run, n_wq, n_done, free, iters, tokens, busy_time, last_dt, n_ev, \
                     na, n_app
@@ -253,7 +253,8 @@ def _run(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_t
                 n_adm += 1
         if n_adm:
             n_wq -= n_adm
-            wq[n_vict:n_wq] = wq[n_vict + n_adm:n_adm + n_wq].copy()
+            for j in range(n_vict, n_wq):
+                wq[j] = wq[j + n_adm]
         free -= total
         busy_time += dt
         last_dt = dt
@@ -291,13 +292,12 @@ def _release(I, running, n_run, r) -> int:
 
 @njit(**_JIT)
 def _form(I, arrival, running, n_run, cands, more_waiting, free, block_size, rule, budget, max_seqs, reserve, req,
-          rtok, vict):
+          rtok, vict, pre):
     """The next batch into ``req``/``rtok`` by ``rule`` (``cands``: the waiting head) and the running requests it
-    preempts first into ``vict``. Returns (batch size, victims): an empty batch with no victims idles; size -1
-    means the Python scheduler must decide (it needs waiting requests beyond the head)."""
+    preempts first into ``vict`` (``pre``: scratch). Returns (batch size, victims): an empty batch with no victims
+    idles; size -1 means the Python scheduler must decide (it needs waiting requests beyond the head)."""
     n_dec = 0
     n_pre = 0
-    pre = np.empty(n_run, np.int64)
     for j in range(n_run):  # decode-ready first (in running order), prefilling after (split_running)
         r = running[j]
         if I[r, I_NT] - I[r, I_NC] == 1:
