@@ -208,7 +208,7 @@ def _run(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_t
                         na, n_app
                 break
             m, n_vict = _form(I, arrival, running, n_run, wq[:n_wq], more_waiting, free, block_size, rule, budget,
-                              max_seqs, reserve, req, rtok, vict, buf2)
+                              max_seqs, reserve, req, rtok, vict, buf2, blocks)
             if m < 0 or n_ev + n_vict > ev_t.size:
                 return SCHEDULE, t, t, 0, n_run, n_wq, n_done, free, iters, tokens, busy_time, last_dt, n_ev, \
                     na, n_app
@@ -292,9 +292,9 @@ def _release(I, running, n_run, r) -> int:
 
 @njit(**_JIT)
 def _form(I, arrival, running, n_run, cands, more_waiting, free, block_size, rule, budget, max_seqs, reserve, req,
-          rtok, vict, pre):
+          rtok, vict, pre, scratch):
     """The next batch into ``req``/``rtok`` by ``rule`` (``cands``: the waiting head) and the running requests it
-    preempts first into ``vict`` (``pre``: scratch). Returns (batch size, victims): an empty batch with no victims
+    preempts first into ``vict`` (``pre``, ``scratch``: work rows). Returns (batch size, victims): an empty batch with no victims
     idles; size -1 means the Python scheduler must decide (it needs waiting requests beyond the head)."""
     n_dec = 0
     n_pre = 0
@@ -317,7 +317,7 @@ def _form(I, arrival, running, n_run, cands, more_waiting, free, block_size, rul
             return got, 0
     if n_dec == 0 and (rule == PREFILL_FIRST or n_pre == 0 and cands.size == 0 and not more_waiting):
         return _unstick(arrival, running, n_run, vict)
-    n_keep, n_vict, free = _make_room(I, arrival, req, n_dec, pre, n_pre, free, block_size, vict)
+    n_keep, n_vict, free = _make_room(I, arrival, req, n_dec, pre, n_pre, free, block_size, vict, scratch)
     if rule == PREFILL_FIRST:
         return n_keep, n_vict
     if n_vict:  # the victims leave the prefill candidates
@@ -360,29 +360,31 @@ def _unstick(arrival, running, n_run, vict):
 
 
 @njit(**_JIT)
-def _make_room(I, arrival, dec, n_dec, pre, n_pre, free, block_size, vict):
+def _make_room(I, arrival, dec, n_dec, pre, n_pre, free, block_size, vict, alive):
     """:func:`slogym.baselines.common.make_room_for_decodes` with the arrival time as the victim key: preempt
     running requests, latest arrival first, until every remaining decode of ``dec[:n_dec]`` can grow by one
-    token. Compacts the survivors in ``dec`` (order kept); returns (survivors, victims, KV blocks left)."""
+    token. Compacts the survivors in ``dec`` (order kept; ``alive``: scratch); returns (survivors, victims, KV
+    blocks left)."""
     total = kernels.decode_kv_growth(I, dec[:n_dec], block_size)
     if total <= free:
         return n_dec, 0, free - total
-    pool = np.empty(n_dec + n_pre, np.int64)
-    pool[:n_dec] = dec[:n_dec]
-    pool[n_dec:] = pre[:n_pre]
-    order = np.argsort(arrival[pool], kind="mergesort")  # stable, as Python's sorted
-    alive = np.ones(n_dec + n_pre, np.bool_)
+    n = n_dec + n_pre
+    alive[:n] = 1
     n_vict = 0
-    k = pool.size - 1
-    while total > free and k >= 0:
-        j = order[k]
-        k -= 1
-        v = pool[j]
+    while total > free and n_vict < n:
+        # Python's sorted(pool, key=arrival).pop() over pool = decodes + prefilling: the latest arrival, and of
+        # equal ones the last in pool order (a few victims per call: selection beats sorting the pool)
+        j_best = -1
+        for j in range(n):
+            if alive[j] and (j_best < 0 or arrival[_pool(dec, pre, n_dec, j)] >= arrival[
+                    _pool(dec, pre, n_dec, j_best)]):
+                j_best = j
+        v = _pool(dec, pre, n_dec, j_best)
         vict[n_vict] = v
         n_vict += 1
         free += I[v, I_KV]
-        alive[j] = False
-        if j < n_dec:
+        alive[j_best] = 0
+        if j_best < n_dec:
             need = (I[v, I_NC] + block_size) // block_size - I[v, I_KV]
             total -= need if need > 0 else 0
     n_keep = 0
@@ -391,6 +393,11 @@ def _make_room(I, arrival, dec, n_dec, pre, n_pre, free, block_size, vict):
             dec[n_keep] = dec[j]
             n_keep += 1
     return n_keep, n_vict, free - total
+
+
+@njit(**_JIT)
+def _pool(dec, pre, n_dec, j) -> int:
+    return dec[j] if j < n_dec else pre[j - n_dec]
 
 
 @njit(**_JIT)
