@@ -188,7 +188,7 @@ def format_summary(s: dict[str, Any], header: str) -> str:
         f"{'dropped reasons':<18}{_counts(s['dropped_reasons'])}",
         f"{'preemptions':<18}{s['preemptions']} ({s['recomputed_tokens']} tokens recomputed)",
         f"{'simulated':<18}{_fmt(s['sim_seconds'])} s, {s['iterations']} iterations "
-        f"({s['ff_iterations']} fast-forwarded)",
+        f"({s['ff_iterations']} fast-forwarded, {s['pilot_iterations']} compiled)",
         f"{'wall time':<18}{_fmt(s['wall_seconds'], spec='.2f')} s "
         f"({_fmt(rps, spec='.0f')} simulated requests per wall second)",
     ]

@@ -19,7 +19,7 @@ from conftest import ToyEngine
 
 # summary fields that legitimately differ between two identical runs or between fast-forward and stepping
 WALL_FIELDS = frozenset({"wall_seconds", "requests_per_wall_second"})
-FF_FIELDS = WALL_FIELDS | {"ff_iterations"}
+FF_FIELDS = WALL_FIELDS | {"ff_iterations", "pilot_iterations"}
 
 
 # ---------------------------------------------------------------------------------------------- comparisons

@@ -55,6 +55,60 @@ def test_pilot_equals_stepping_on_presets(engine, scenario, rate, n_inst, policy
     _assert_same(step, _run(w, engine, policy, n_inst, ff=True, pilot=False))
 
 
+@pytest.mark.parametrize("policy,n_inst", [("sarathi", 1), ("vllm", 2)])
+def test_pilot_equals_stepping_with_a_queue_longer_than_its_head(policy, n_inst):
+    """A burst queues hundreds of requests: the pilot sees 64, hands back when it needs more, and appends the
+    arrivals it places behind the ones it was not given."""
+    w = make_workload("chatbot", rate=SCENARIOS["chatbot"].default_rate * 30, n_requests=500, seed=2)
+    step = _run(w, TP2, policy, n_inst, ff=False, pilot=False)
+    piloted = _run(w, TP2, policy, n_inst, ff=True, pilot=True)
+    assert max(len(x.waiting) for x in step.instances) == 0  # (all served in the end)
+    assert int((step.rs.first_scheduled - w.arrival).max()) > 10  # a long queue formed
+    _assert_same(step, piloted)
+
+
+def test_pilot_equals_stepping_when_preemptions_overflow_its_log():
+    """Four requests thrashing one-token KV blocks preempt more times in one stretch than the log holds."""
+    from slogym.core.request import Request, Workload, decode, prefill
+
+    engine = replace(TP2, kv_capacity_tokens=24, block_size=1, max_num_seqs=4)
+    w = Workload.from_requests([Request(0.001 * i, [prefill(4 + i), decode(12)]) for i in range(4)])
+    step = _run(w, engine, "vllm", 1, ff=False, pilot=False)
+    assert int(step.rs.n_preempt.sum()) > len(w)
+    _assert_same(step, _run(w, engine, "vllm", 1, ff=True, pilot=True))
+
+
+def test_pilot_opts_out_where_it_cannot_stand_in():
+    """A router subclass that decides itself, a simulator subclass that overrides a method the pilot replaces,
+    and a driver that times iterations itself (defer_timing) are all served by the Python path."""
+    from slogym.core.policy import DEFER, SingleOrRoundRobin
+
+    class Picky(SingleOrRoundRobin):
+        def route(self, req, sim, now):
+            return DEFER if req % 2 else super().route(req, sim, now)
+
+    class Logged(Simulator):
+        def log_event(self, t, kind, req, inst, detail=0):
+            super().log_event(t, kind, req, inst, detail)
+
+    w = make_workload("chatbot", rate=SCENARIOS["chatbot"].default_rate, n_requests=50, seed=0)
+    sim = Simulator(w, TP2, make_policy("vllm", TP2, router=Picky()), seed=0)
+    assert sim.policy.router.pilot_target(sim) == -1
+    logged = Logged(w, TP2, make_policy("vllm", TP2), seed=0).run()
+    assert logged.pilot_iterations == 0 and not Logged(w, TP2, make_policy("vllm", TP2)).pilot
+    deferred = Simulator(w, TP2, make_policy("vllm", TP2), seed=0)
+    deferred.defer_timing = True
+    gen = deferred.decisions()
+    msg = next(gen)
+    while True:
+        try:
+            msg = gen.send(deferred.instances[msg[1].id].time_one(msg[2]))
+        except StopIteration:
+            break
+    assert deferred.pilot_iterations == 0
+    _assert_same(logged, deferred)
+
+
 def test_fast_forward_does_not_run_through_a_finish_that_frees_kv_for_a_prefill():
     """Regression: a steady decode batch that leaves out a running request still prefilling (no KV for its chunk)
     must not fast-forward through a finish, because the freed KV gives that request its chunk next iteration."""

@@ -258,6 +258,7 @@ def run_summary(sim: "Simulator") -> dict[str, Any]:
         "recomputed_tokens": int(rs.recomputed.sum()),
         "iterations": int(sum(i.iterations for i in sim.instances)),
         "ff_iterations": int(sim.ff_iterations),
+        "pilot_iterations": int(sim.pilot_iterations),
         "sim_seconds": float(sim.end_time),
         "wall_seconds": float(sim.wall_seconds),
     }

@@ -43,11 +43,6 @@ _FINISHED, _BEST_EFFORT = 1, 3
 
 
 @njit(**_JIT)
-def _pymin(a: float, b: float) -> float:
-    return b if b < a else a  # Python's min(a, b)
-
-
-@njit(**_JIT)
 def _all_simple(simple: np.ndarray, idx: np.ndarray, n: int) -> bool:
     for j in range(n):
         if not simple[idx[j]]:
@@ -171,7 +166,7 @@ def _run(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_t
                 r = buf1[k]
                 gaps = I[r, I_SLEN] - 1
                 if is_dec_stage[stage[r]] and gaps > 0:
-                    mean_slack[r] = _pymin(mean_slack[r], F[r, F_TPOT] - (t - stage_t0[r]) / gaps)
+                    mean_slack[r] = kernels._pymin(mean_slack[r], F[r, F_TPOT] - (t - stage_t0[r]) / gaps)
                 free += _release(I, running, n_run, r)
                 n_run -= 1
                 status[r] = _DONE
@@ -207,6 +202,7 @@ def _run(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_t
                     return SCHEDULE, t, t, 0, n_run, n_wq, n_done, free, iters, tokens, busy_time, last_dt, n_ev, \
                         na, n_app
                 break
+            # buf2 and blocks serve as _form's scratch: both are rewritten only after it (end, batch features)
             m, n_vict = _form(I, arrival, running, n_run, wq[:n_wq], more_waiting, free, block_size, rule, budget,
                               max_seqs, reserve, req, rtok, vict, buf2, blocks)
             if m < 0 or n_ev + n_vict > ev_t.size:
@@ -294,8 +290,9 @@ def _release(I, running, n_run, r) -> int:
 def _form(I, arrival, running, n_run, cands, more_waiting, free, block_size, rule, budget, max_seqs, reserve, req,
           rtok, vict, pre, scratch):
     """The next batch into ``req``/``rtok`` by ``rule`` (``cands``: the waiting head) and the running requests it
-    preempts first into ``vict`` (``pre``, ``scratch``: work rows). Returns (batch size, victims): an empty batch with no victims
-    idles; size -1 means the Python scheduler must decide (it needs waiting requests beyond the head)."""
+    preempts first into ``vict`` (``pre``, ``scratch``: work rows). Returns (batch size, victims): an empty batch
+    with no victims idles; size -1 means the Python scheduler must decide (it needs waiting requests beyond the
+    head)."""
     n_dec = 0
     n_pre = 0
     for j in range(n_run):  # decode-ready first (in running order), prefilling after (split_running)

@@ -130,6 +130,8 @@ class SingleOrRoundRobin(Router):
         return i
 
     def pilot_target(self, sim: "Simulator") -> int:
+        if type(self).route is not SingleOrRoundRobin.route:  # a subclass deciding otherwise is asked each time
+            return -1
         cands = sim.accepting_instances(ENTRY_ROLES)
         return cands[0] if len(cands) == 1 else -1
 

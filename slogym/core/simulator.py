@@ -50,6 +50,9 @@ _FINISHED, _BEST_EFFORT = int(Outcome.FINISHED), int(Outcome.BEST_EFFORT)
 _FF_MAX = 4096
 _PILOT_HEAD = 64  # waiting requests the pilot sees; it hands back to Python when it would need more
 _NONE = np.zeros(0, np.int64)
+_PILOT_REPLACES = ("on_kv_freed", "on_request_placed", "log_event", "_on_arrival", "_begin", "_route", "_place",
+                   "_enqueue", "_dequeue", "_schedule", "_apply_side_actions", "_preempt", "_release", "_launch",
+                   "_admit", "_transition", "_end_decode_stage", "_next_stage_after", "_done")
 # fewer iterations to the next event than this are stepped: a bulk call costs about as much as ~4 steps
 FF_MIN_STRETCH = 4
 _Gen = Generator[tuple, Any, None]
@@ -67,7 +70,8 @@ class Simulator:
     spec_acceptance  per-token acceptance probability of speculative drafts (SLOs-Serve App. D)
     fast_forward  allow the vectorized decode fast-forward (results are identical either way)
     pilot         let FCFS-family schedulers run between events compiled (``slogym.core.pilot``; identical
-                  results either way)
+                  results either way; off in subclasses that override a method it replaces, and under
+                  ``defer_timing``)
     pd            ``(P, D)``: a disaggregated cluster, instances 0..P-1 PREFILL and P..P+D-1 DECODE
                   (``n_instances`` = P + D or omitted); None = every instance COLOCATED
     transfer      the KV-transfer time model of disaggregation (:class:`~slogym.core.cluster.KVTransfer`;
@@ -118,8 +122,9 @@ class Simulator:
         # a backend timing iterations itself cannot be fast-forwarded through the vectorized perf model
         self._timed_here = not self.live and type(self).iteration_time is Simulator.iteration_time
         self.fast_forward = fast_forward and self._timed_here
-        self.pilot = pilot and self._timed_here and type(self).on_kv_freed is Simulator.on_kv_freed \
-            and type(self).on_request_placed is Simulator.on_request_placed
+        # the pilot replaces these methods' work for the iterations it runs: a subclass changing any is stepped
+        self.pilot = pilot and self._timed_here and all(
+            getattr(type(self), m) is getattr(Simulator, m) for m in _PILOT_REPLACES)
         self.validate = validate
         self.progress = progress
         engines = list(engine) if isinstance(engine, (list, tuple)) else [engine] * n_instances
@@ -166,7 +171,8 @@ class Simulator:
         """Generator over the run; yields decision requests when an agent is attached (see module doc)."""
         self._wall0 = time.perf_counter()
         self.policy.reset(self)
-        self._pilot_on = self.pilot and not self.agent_schedule
+        # a driver that times iterations itself (defer_timing: the vector env's batch_timing=True) sees them all
+        self._pilot_on = self.pilot and not self.agent_schedule and not self.defer_timing
         if self.policy.scaler is not None:
             self.add_timer(self.policy.scaler.interval, self._scaler_tick)
         yield from self._loop()

@@ -133,8 +133,9 @@ class EngineSpec:
     def compiled_time(self) -> np.ndarray | None:
         """The perf model's coefficients for the compiled pilot (``slogym.core.pilot``), or None."""
         fn = getattr(self.perf, "compiled_time", None)
-        same = type(self).batch_time_one is EngineSpec.batch_time_one and \
-            type(self.perf).batch_time_one is PerfModel.batch_time_one
+        cls = type(self)
+        same = (cls.batch_time_one is EngineSpec.batch_time_one and cls.batch_time is EngineSpec.batch_time
+                and type(self.perf).batch_time_one is PerfModel.batch_time_one)
         return fn() if fn is not None and same else None
 
     def to_dict(self) -> dict[str, Any]:
