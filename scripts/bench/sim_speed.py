@@ -24,7 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 from slogym.baselines import make_policy
 from slogym.core.request import Workload
