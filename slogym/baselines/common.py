@@ -158,10 +158,17 @@ class BatchBuilder:
 
 def unstick(inst: Instance, victim_key: Callable[[int], float]) -> Batch | None:
     """Nothing fits but requests hold KV: preempt the running request with the largest key so that the
-    rest can progress (vLLM preempts the lowest-priority running request when an allocation fails)."""
-    if not inst.running:
-        return None
-    return batch_of([], [], [max(inst.running, key=victim_key)])
+    rest can progress (vLLM preempts the lowest-priority running request when an allocation fails). With none
+    running, waiting requests back from tool calls may hold all the KV the queue's head needs: the latest
+    arrived of them drops its KV (recomputed later; vLLM's prefix cache would evict those blocks), else the
+    instance idles."""
+    if inst.running:
+        return batch_of([], [], [max(inst.running, key=victim_key)])
+    if inst.n_waiting_kv:
+        rs, arrival = inst.sim.rs, inst.sim.w.arrival
+        holders = [r for r in inst.waiting if rs.kv_blocks[r] > 0]
+        return batch_of([], [], [max(holders, key=lambda r: arrival[r])])
+    return None
 
 
 def batch_of(reqs: np.ndarray | list[int], tokens: np.ndarray | list[int], preempt: list[int] | tuple = (),

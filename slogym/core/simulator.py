@@ -1009,13 +1009,25 @@ class Simulator:
         self.on_kv_freed(r, inst)
 
     def _preempt(self, inst: Instance, r: int, t: float) -> None:
+        """Recompute ``r`` later: a running request drops its KV and goes to the front of the waiting queue; a
+        waiting one that holds KV (back from a tool call) drops it and keeps its place."""
         rs = self.rs
-        if rs.instance[r] != inst.id or rs.status[r] != _RUNNING:
+        waiting_kv = rs.status[r] == _WAITING and rs.kv_blocks[r] > 0
+        if rs.instance[r] != inst.id or not (rs.status[r] == _RUNNING or waiting_kv):
             raise SchedulerError(f"instance {inst.id}: cannot preempt request {r} "
-                                 f"(status {Status(rs.status[r]).name}, instance {rs.instance[r]})")
+                                 f"(status {Status(rs.status[r]).name}, instance {rs.instance[r]}, "
+                                 f"{rs.kv_blocks[r]} KV blocks)")
         rs.recomputed[r] += rs.num_computed[r]
         rs.n_preempt[r] += 1
         self.log_event(t, "preempt", r, inst.id, int(rs.num_computed[r]))
+        if waiting_kv:
+            inst.free_blocks += int(rs.kv_blocks[r])
+            rs.kv_blocks[r] = 0
+            rs.num_computed[r] = 0
+            self._waits_with_kv[r] = False
+            inst.n_waiting_kv -= 1
+            self.on_kv_freed(r, inst)
+            return
         self._release(r)
         rs.status[r] = _WAITING
         rs.slot[r] = inst.id
