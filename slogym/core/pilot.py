@@ -65,7 +65,9 @@ def _remove(running: np.ndarray, n_run: int, r: int) -> int:
 IN_MORE, IN_HAND, IN_FREE, IN_BLOCK, IN_INST, IN_NA, IN_ABSORB, IN_RULE, IN_BUDGET, IN_SEQS, IN_RESERVE = range(11)
 OUT_CODE, OUT_M, OUT_NRUN, OUT_NWAIT, OUT_DONE, OUT_FREE, OUT_ITERS, OUT_TOKENS, OUT_NEV, OUT_NA, OUT_NAPP = \
     range(11, 22)
+N_INTS = 22
 X_T, X_HORIZON, X_BUSY, X_WIN, X_ALPHA, X_NOTPOT, X_TEND, X_LASTDT = range(8)  # floats (in, and out: t, busy, ...)
+N_FLOATS = 8
 # rows of the int64 work table: running set, finished, batch, its tokens and blocks, stage ends, prefills caught
 # up, zeros (no drafts), the waiting head, victims, preemption log (request, tokens thrown away), arrivals
 # appended behind the waiting head

@@ -51,8 +51,8 @@ _FF_MAX = 4096
 _PILOT_HEAD = 64  # waiting requests the pilot sees; it hands back to Python when it would need more
 _NONE = np.zeros(0, np.int64)
 _PILOT_REPLACES = ("on_kv_freed", "on_request_placed", "log_event", "_on_arrival", "_begin", "_route", "_place",
-                   "_enqueue", "_dequeue", "_schedule", "_apply_side_actions", "_preempt", "_release", "_launch",
-                   "_admit", "_transition", "_end_decode_stage", "_next_stage_after", "_done")
+                   "_enqueue", "_dequeue", "_schedule", "_apply_side_actions", "_preempt", "_release", "_drop_kv",
+                   "_launch", "_admit", "_transition", "_end_decode_stage", "_next_stage_after", "_done")
 # fewer iterations to the next event than this are stepped: a bulk call costs about as much as ~4 steps
 FF_MIN_STRETCH = 4
 _Gen = Generator[tuple, Any, None]
@@ -342,9 +342,9 @@ class Simulator:
         self._no_spec = np.zeros(len(w), np.int64)
         work = np.empty((pilot.N_ROWS, len(w) + _PILOT_HEAD), np.int64)  # rows: pilot.W_*
         work[pilot.W_ZERO] = 0
-        x = np.zeros(8)
+        x = np.zeros(pilot.N_FLOATS)
         x[pilot.X_WIN], x[pilot.X_ALPHA], x[pilot.X_NOTPOT] = self.sg_weights[0], self.sg_alpha, NO_TPOT
-        self._pilot_io = (np.zeros(22, np.int64), x, work, np.empty(len(w)))
+        self._pilot_io = (np.zeros(pilot.N_INTS, np.int64), x, work, np.empty(len(w)))
         # largest context a request reaches: all its prefill and decode tokens (KV kept across stages)
         tok = np.where(w.stage_kind != _EXTERNAL, w.stage_tokens, 0)
         c = np.concatenate(([0], np.cumsum(tok)))
@@ -980,6 +980,13 @@ class Simulator:
             yield from self._schedule(dst, t)
 
     # ================================================================== leaving an instance
+    def _drop_kv(self, inst: Instance, r: int) -> None:
+        """``r``'s KV blocks return to ``inst``; what it had computed is recomputed if it runs again."""
+        rs = self.rs
+        inst.free_blocks += int(rs.kv_blocks[r])
+        rs.kv_blocks[r] = 0
+        rs.num_computed[r] = 0
+
     def _release(self, r: int) -> None:
         """Free ``r``'s KV and take it off its instance's lists."""
         rs = self.rs
@@ -987,9 +994,7 @@ class Simulator:
         if i < 0:
             return
         inst = self.instances[i]
-        inst.free_blocks += int(rs.kv_blocks[r])
-        rs.kv_blocks[r] = 0
-        rs.num_computed[r] = 0
+        self._drop_kv(inst, r)
         rs.slot[r] = -1
         st = rs.status[r]
         if st == _RUNNING:
@@ -1021,9 +1026,7 @@ class Simulator:
         rs.n_preempt[r] += 1
         self.log_event(t, "preempt", r, inst.id, int(rs.num_computed[r]))
         if waiting_kv:
-            inst.free_blocks += int(rs.kv_blocks[r])
-            rs.kv_blocks[r] = 0
-            rs.num_computed[r] = 0
+            self._drop_kv(inst, r)
             self._waits_with_kv[r] = False
             inst.n_waiting_kv -= 1
             self.on_kv_freed(r, inst)
