@@ -14,6 +14,8 @@ from slogym.core.state import I_KV, I_NC, I_NT
 
 from conftest import ToyEngine
 
+_EMPTY = np.zeros(0, np.int64)
+
 
 def _instance(n: int, rng: np.random.Generator):
     """An instance whose ``n`` requests have random prompt lengths, progress and held KV."""
@@ -28,16 +30,19 @@ def _instance(n: int, rng: np.random.Generator):
     return sim.instances[0], I
 
 
-def _rule(I, cands, budget, free, max_seqs, bs, chunked):
-    """fill_prefill_chunks' docstring, literally."""
+def _rule(I, cands, budget, free, max_seqs, bs, chunked, floor=-1):
+    """fill_prefill_chunks' docstring, literally (``floor`` >= 0: take_in_order's whole-prompt admission)."""
     reqs, toks, used, repeatable = [], [], 0, False
     for r in cands:
         if budget <= 0 or len(reqs) >= max_seqs:
             break
         nc, rem, held = int(I[r, I_NC]), int(I[r, I_NT] - I[r, I_NC]), int(I[r, I_KV])
         fits = (free - used + held) * bs - nc  # tokens its KV can still grow by
+        whole = max(-(-(nc + rem) // bs) - held, 0)  # blocks of its whole remaining prefill
         if chunked:
             chunk = min(rem, budget, fits)
+            if floor >= 0 and held == 0 and whole > free - used - floor:
+                chunk = 0  # a starting prompt must fit whole, the watermark spared
         else:  # whole prefills only; the first may exceed the budget
             chunk = rem if (rem <= budget or not reqs) and rem <= fits else 0
         if chunk < 1:
@@ -45,7 +50,7 @@ def _rule(I, cands, budget, free, max_seqs, bs, chunked):
         repeatable = not reqs and chunk == budget and budget < rem and chunk < fits
         reqs.append(r)
         toks.append(chunk)
-        used += max(-(-(nc + chunk) // bs) - held, 0)
+        used += whole if floor >= 0 else max(-(-(nc + chunk) // bs) - held, 0)
         budget -= chunk
     return reqs, toks, used, repeatable
 
@@ -95,6 +100,34 @@ def test_decodes_and_chunks_puts_decode_steps_first() -> None:
     want = _rule(I, queue, 200, 500, 20, inst.block_size, True)
     assert req.tolist() == [3, 1, 4] + want[0] and tok.tolist() == [1, 1, 1] + want[1]
     assert repeatable == want[3]
+
+
+def test_whole_prompt_admission_follows_its_rule() -> None:
+    """Sarathi's admission (vLLM v0's block manager): a prompt starts only when all of it fits above the
+    watermark, and the prefills already taken keep their remaining blocks reserved for the rest of the batch."""
+    rng = np.random.default_rng(11)
+    inst, I = _instance(300, rng)
+    refused = 0
+    for _ in range(300):
+        queue = rng.permutation(300)[: rng.integers(1, 300)].tolist()
+        budget, free, floor = int(rng.choice([64, 512, 4096])), int(rng.integers(0, 400)), int(rng.integers(0, 20))
+        req, tok, repeatable = decodes_and_chunks(inst, _EMPTY, iter(queue), budget, free, 256, floor)
+        want = _rule(I, queue, budget, free, 256, inst.block_size, True, floor)
+        assert (req.tolist(), tok.tolist(), repeatable) == (want[0], want[1], want[3]), (budget, free, floor)
+        plain = _rule(I, queue, budget, free, 256, inst.block_size, True)
+        refused += len(want[0]) < len(plain[0])
+    assert refused > 20  # the whole-prompt check binds in many of these cases
+
+
+def test_sarathi_starts_a_prompt_only_when_all_of_it_fits() -> None:
+    inst, I = _instance(3, np.random.default_rng(0))
+    I[:, I_NT], I[:, I_NC], I[:, I_KV] = 1000, 0, 0
+    bs = inst.block_size
+    inst.waiting = [0, 1, 2]
+    inst.free_blocks = -(-1000 // bs) + int(0.01 * inst.total_blocks) - 1  # one block short of prompt + watermark
+    for whole, admitted in ((True, []), (False, [0])):
+        batch = make_policy("sarathi", inst.engine, whole_prompt=whole).scheduler.next_batch(inst, 0.0)
+        assert (batch.req.tolist() if batch is not None else []) == admitted
 
 
 def test_decode_batch_layout() -> None:

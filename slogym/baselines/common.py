@@ -70,16 +70,17 @@ def fill_prefill_chunks(inst: Instance, candidates: Iterable[int], budget: int, 
 
 
 def decodes_and_chunks(inst: Instance, dec: np.ndarray, candidates: Iterable[int], budget: int, free_blocks: int,
-                       max_seqs: int) -> tuple[np.ndarray, np.ndarray, bool]:
+                       max_seqs: int, whole_prompt_floor: int = -1) -> tuple[np.ndarray, np.ndarray, bool]:
     """Sarathi-Serve's stall-free batch: a one-token step for each of ``dec``, then prefill chunks for
     ``candidates`` by :func:`fill_prefill_chunks`' rule (``budget``, ``max_seqs`` and ``free_blocks`` are what
-    the decodes left). Returns (requests, tokens, repeatable)."""
-    req, tok, _, repeatable = _fill(inst, dec, candidates, budget, free_blocks, max_seqs, True)
+    the decodes left); with ``whole_prompt_floor >= 0`` a request starts only when its whole prompt fits above
+    that many blocks (:func:`slogym.core.kernels.take_in_order`). Returns (requests, tokens, repeatable)."""
+    req, tok, _, repeatable = _fill(inst, dec, candidates, budget, free_blocks, max_seqs, True, whole_prompt_floor)
     return req, tok, repeatable
 
 
 def _fill(inst: Instance, head: np.ndarray, candidates: Iterable[int], budget: int, free: int, max_seqs: int,
-          chunked: bool) -> tuple[np.ndarray, np.ndarray, int, bool]:
+          chunked: bool, whole_prompt_floor: int = -1) -> tuple[np.ndarray, np.ndarray, int, bool]:
     """``head`` (one token each), then chunks for ``candidates`` as :func:`fill_prefill_chunks` says."""
     # every chunk takes >= 1 token of the budget, so at most budget + 1 candidates are looked at; they are
     # drawn a few at a time because the budget usually runs out after one or two (a long queue is not copied)
@@ -93,7 +94,7 @@ def _fill(inst: Instance, head: np.ndarray, candidates: Iterable[int], budget: i
     while left > 0 and budget > 0 and n < max_seqs:
         cands = np.fromiter(islice(it, min(k, left)), np.int64)
         got, u, rep, budget = kernels.take_in_order(I, cands, budget, free - used, max_seqs - n, bs, chunked,
-                                                    False, n, req, tok, h + n)
+                                                    False, n, req, tok, h + n, whole_prompt_floor)
         repeatable = rep if got else repeatable  # True only when the batch has exactly one chunk
         n += got
         used += u

@@ -373,12 +373,17 @@ def decode_kv_growth(I: np.ndarray, idx: np.ndarray, block_size: int) -> int:
 @njit(**_JIT)
 def take_in_order(I: np.ndarray, cands: np.ndarray, budget: int, free: int, max_seqs: int, block_size: int,
                   chunked: bool, skip_misfits: bool, n0: int, reqs: np.ndarray, toks: np.ndarray, off: int,
-                  ) -> tuple[int, int, bool, int]:
+                  whole_prompt_floor: int = -1) -> tuple[int, int, bool, int]:
     """The token-budget loop: give ``cands`` in order tokens within ``budget``, ``free`` KV blocks and
     ``max_seqs`` requests; the rules are :func:`slogym.baselines.common.fill_prefill_chunks`'s. A decode step is
     a chunk of one token. ``n0`` chunks are already in the batch (continuing an earlier call). Writes the n
     requests taken to ``reqs[off:off + n]``/``toks[off:off + n]``; returns (n, blocks used, repeatable, budget
-    left). A candidate that does not fit ends the loop, or with ``skip_misfits`` is passed over."""
+    left). A candidate that does not fit ends the loop, or with ``skip_misfits`` is passed over.
+
+    With ``whole_prompt_floor >= 0`` (chunked only) a prefill is admitted as vLLM v0's block manager admits it
+    under Sarathi-Serve: a request holding no KV starts only if the blocks of its whole remaining prefill fit
+    with ``whole_prompt_floor`` blocks (the watermark) to spare, and every chunk taken counts its prefill's
+    remaining blocks as used, so later candidates of the batch see them reserved."""
     n = 0
     used = 0
     repeatable = False
@@ -389,8 +394,11 @@ def take_in_order(I: np.ndarray, cands: np.ndarray, budget: int, free: int, max_
         rem = I[r, I_NT] - nc
         held = I[r, I_KV]
         fits = (free - used + held) * block_size - nc
+        whole = max((nc + rem + block_size - 1) // block_size - held, 0)
         if chunked:
             chunk = min(rem, budget, fits)
+            if whole_prompt_floor >= 0 and held == 0 and whole > free - used - whole_prompt_floor:
+                chunk = 0
         else:
             chunk = rem if (rem <= budget or n + n0 == 0) and rem <= fits else 0
         if chunk < 1:
@@ -401,7 +409,10 @@ def take_in_order(I: np.ndarray, cands: np.ndarray, budget: int, free: int, max_
         reqs[off + n] = r
         toks[off + n] = chunk
         n += 1
-        used += max((nc + chunk + block_size - 1) // block_size - held, 0)
+        if whole_prompt_floor >= 0:
+            used += whole
+        else:
+            used += max((nc + chunk + block_size - 1) // block_size - held, 0)
         budget -= chunk
     return n, used, repeatable, budget
 

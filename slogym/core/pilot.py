@@ -28,7 +28,9 @@ from slogym.engines.perf_models import analytic_time
 _JIT = dict(cache=True, nogil=True, error_model="numpy")
 
 # rules (``Scheduler.pilot_rule``)
-STALL_FREE = 0    # Sarathi-Serve: every decode first, then prefill chunks in FCFS order within the budget
+# Sarathi-Serve: every decode first, then prefill chunks in FCFS order within the budget; a request starts when its
+# whole prompt fits above the watermark (the fourth entry; -1: when its first chunk fits)
+STALL_FREE = 0
 PREFILL_FIRST = 1  # vLLM: whole prompts in FCFS order when any fit above the watermark, else one decode step
 
 # results of run_instance
@@ -308,7 +310,7 @@ def _form(I, arrival, running, n_run, cands, more_waiting, free, block_size, rul
             n_pre += 1
     if rule == PREFILL_FIRST and (n_pre or cands.size or more_waiting):
         got = _chunks(I, pre[:n_pre], cands, more_waiting, budget, free - reserve, max_seqs - n_dec, block_size,
-                      False, req, rtok, n_dec)
+                      False, -1, req, rtok, n_dec)
         if got:  # a prefill-only batch (or -1): move it to the front
             for j in range(got):
                 req[j] = req[n_dec + j]
@@ -329,7 +331,7 @@ def _form(I, arrival, running, n_run, cands, more_waiting, free, block_size, rul
     if n_pre == 0 and cands.size == 0 and not more_waiting:
         return n_keep, n_vict
     got = _chunks(I, pre[:n_pre], cands, more_waiting, budget - n_keep, free, max_seqs - n_keep, block_size, True,
-                  req, rtok, n_keep)
+                  reserve, req, rtok, n_keep)
     if got < 0:
         return -1, 0
     if n_keep + got == 0 and n_vict == 0:
@@ -400,9 +402,10 @@ def _pool(dec, pre, n_dec, j) -> int:
 
 
 @njit(**_JIT)
-def _chunks(I, pre, cands, more_waiting, budget, free, max_seqs, block_size, chunked, req, rtok, off) -> int:
-    """Prefill chunks for ``pre`` then ``cands`` (in order) at ``req[off:]`` by ``take_in_order``'s rule; -1 when
-    every candidate was taken with budget and slots left and the waiting queue goes on beyond ``cands``."""
+def _chunks(I, pre, cands, more_waiting, budget, free, max_seqs, block_size, chunked, floor, req, rtok, off) -> int:
+    """Prefill chunks for ``pre`` then ``cands`` (in order) at ``req[off:]`` by ``take_in_order``'s rule (``floor``:
+    its ``whole_prompt_floor``); -1 when every candidate was taken with budget and slots left and the waiting queue
+    goes on beyond ``cands``."""
     got = 0
     used = 0
     left = budget
@@ -410,7 +413,7 @@ def _chunks(I, pre, cands, more_waiting, budget, free, max_seqs, block_size, chu
         if left <= 0 or got >= max_seqs:
             break
         n, u, _, left = kernels.take_in_order(I, part, left, free - used, max_seqs - got, block_size, chunked,
-                                              False, got, req, rtok, off + got)
+                                              False, got, req, rtok, off + got, floor)
         got += n
         used += u
         if n < part.size:

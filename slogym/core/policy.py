@@ -93,7 +93,7 @@ class Scheduler(ABC):
         """The next iteration's batch, or None to idle."""
 
     def pilot_rule(self, inst: "Instance") -> tuple[int, int, int, int] | None:
-        """``(rule, token budget, max_num_seqs, reserved KV blocks)`` when ``next_batch`` is exactly one of the
+        """``(rule, token budget, max_num_seqs, watermark KV blocks)`` when ``next_batch`` is exactly one of the
         compiled pilot's rules (``slogym.core.pilot``) on ``inst``, so the simulator may run its iterations
         compiled; None (the default) keeps every decision in ``next_batch``."""
         return None
