@@ -265,6 +265,24 @@ def test_only_tempo_precise_reads_true_output_lengths(history: Workload) -> None
         assert np.array_equal(a, b) != (name == "tempo-precise"), name
 
 
+def test_no_predictor_bound_is_one_history_quantile_raised_past_generation(history: Workload) -> None:
+    # Fig. 15 ablation: the model goes, §4.1's conservative bound stays -- every request gets the history-wide
+    # length quantile at Tempo's own level (the mean with predictor="mean"), lifted once generation passes it
+    reqs = [Request(0.0, [prefill(p), decode(900)], app=a, ttlt=20.0)
+            for p, a in ((20, "throughput_intensive"), (800, "collective_tot"), (300, "latency_sensitive"))]
+    w = Workload.from_requests(reqs, name="flat-bound-test")
+    for predictor, level in (("none", np.quantile(history.output_tokens, 0.9)),
+                             ("mean", history.output_tokens.mean())):
+        sched = TempoScheduler(predictor=predictor, quantile=0.9, refresh_tokens=64, history=history)
+        sim = Simulator(w, ENGINE, Policy(name="t", scheduler=sched), seed=0)
+        sched.reset(sim)
+        idx = np.arange(3)
+        assert np.allclose(sched.upper_bound(idx), level), predictor
+        sim.rs.generated[0] = int(level) + 10
+        ub = sched.upper_bound(idx)
+        assert ub[0] == int(level) + 10 + 64 and np.allclose(ub[1:], level), predictor
+
+
 def test_invalid_parameters_raise() -> None:
     with pytest.raises(ValueError, match="predictor"):
         TempoScheduler(predictor="bert")

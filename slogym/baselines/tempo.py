@@ -51,8 +51,12 @@ Reconstructed symbols (the text is ambiguous or the formula is lost), per reques
 Variants: ``tempo`` (QRF bound + DAG matching), ``tempo-precise`` (true lengths and true DAGs), ``tempo-sjf``
 (shortest predicted remaining time first, QRF median), ``tempo-no-graph`` (every collective stage aims at the
 end-to-end deadline: the path ``tempo`` itself takes when an application has no history to match, since without
-a graph no stage split is known), ``tempo-no-predictor`` (one history-wide mean length for every request,
-raised as generation passes it: what is known without a per-request model; Fig. 15).
+a graph no stage split is known), ``tempo-no-predictor`` (Fig. 15: the prediction model removed, nothing else --
+one history-wide length bound at Tempo's own ``quantile`` for every request, raised to ``generated +
+refresh_tokens`` as generation passes it; §4.1's conservative upper-bound strategy stays, only the model that
+conditions it on the request goes). The paper does not say what replaces the model; ``predictor="mean"`` (the
+history-wide mean, the variant's definition until 2026-11-22) is kept as a parameter for the sensitivity that
+docs/baselines/tempo.md reports: a mean is not an upper bound, so it removes the conservative strategy too.
 
 Deviations: prompt-content features are unavailable (see :mod:`slogym.workloads.qrf`); preemption is by
 recompute (no swap); preemptions forced by KV growth of running decodes (vLLM's rule) ignore the quantum, the
@@ -79,7 +83,7 @@ from slogym.workloads.qrf import QRFConfig, QRFLengthPredictor, request_features
 if TYPE_CHECKING:
     from slogym.core.simulator import Simulator
 
-PREDICTORS = ("qrf", "oracle", "none")
+PREDICTORS = ("qrf", "oracle", "none", "mean")
 GRAPHS = ("match", "oracle", "none")
 ORDERS = ("lsdf", "sjf")
 _TTLT, _LINE, _NONE = 0, 1, 2
@@ -138,7 +142,9 @@ class TempoScheduler(TokenBudgetScheduler):
             qs = tuple(sorted({0.5, 0.9, self.quantile}))
             self.qrf = QRFLengthPredictor.fit(hist, QRFConfig(quantiles=qs, refresh_tokens=self.refresh_tokens,
                                                               seed=self.seed))
-        self.mean_len = float(hist.output_tokens.mean()) if len(hist) else 1.0
+        # no prediction model (Fig. 15 ablation): one length for every request, Tempo's quantile or the mean
+        lens = hist.output_tokens if len(hist) else np.ones(1)
+        self.flat_len = float(np.mean(lens) if self.predictor == "mean" else np.quantile(lens, self.quantile))
         # collective stages: one id per (group, stage), members in CSR, stage ids of each group in stage order
         grp = np.flatnonzero(w.group >= 0)
         keys = w.group[grp] * (int(w.group_stage.max(initial=0)) + 1) + w.group_stage[grp]
@@ -165,8 +171,8 @@ class TempoScheduler(TokenBudgetScheduler):
         gen = self.rs.generated[idx]
         if self.predictor == "oracle":
             return self.w.output_tokens[idx].astype(np.float64)
-        if self.predictor == "none":
-            return np.maximum(self.mean_len, gen + self.refresh_tokens).astype(np.float64)
+        if self.predictor in ("none", "mean"):
+            return np.maximum(self.flat_len, gen + self.refresh_tokens).astype(np.float64)
         at = self.qrf.bucket(gen)
         stale = self.ub_at[idx] != at
         if stale.any():
