@@ -139,6 +139,42 @@ def test_admission_counts_the_wait_for_the_current_iteration() -> None:
     assert router.route(0, sim, 0.0) == 1
 
 
+def test_ttft_prediction_waits_for_queued_slo_prompts_not_best_effort_ones() -> None:
+    """The scheduler runs demoted / best-effort prompts after every SLO prompt (deadline order), so a new SLO
+    prompt waits only for the SLO prompts queued ahead (§4.7, ``Fleet.q_slo``)."""
+    w = _chat_workload(20, prompt=3000, ttft=0.15, tpot=0.05)
+    sim, pol = _bound(3, w)
+    fleet, router = pol.router.core.fleet, pol.router
+    for j in range(3):
+        fleet.relabel(j, 0, 0.0)
+    sim.rs.be[2] = True
+    fleet.place(1, 1, 3000, 3000)   # instance 1: an SLO prompt of 3000 tokens to prefill
+    fleet.place(2, 2, 3000, 3000)   # instance 2: the same prompt, demoted to best effort
+    assert fleet.q_pre.tolist() == [0, 3000, 3000] and fleet.q_slo.tolist() == [0, 3000, 0]
+    v = router.admission(np.arange(3), 0, 0.0, 0.05)
+    assert v.first_token[1] > v.first_token[2] + 0.03  # behind 3000 SLO tokens: later
+    assert v.ok.tolist() == [True, False, True]
+    # a batch formed on instance 2 prefilling its best-effort chunk leaves its SLO queue unchanged
+    fleet.formed(2, 0.0, 0.02, [2], [500])
+    assert (fleet.q_pre[2], fleet.q_slo[2]) == (2500, 0)
+
+
+def test_demoted_requests_keep_the_load_gradient() -> None:
+    """Best effort runs in the pool; without one (on the loosest tier) it goes to the highest-load instance, so
+    the tier's last, least-loaded instance can empty and return to the pool (§4.3)."""
+    w = _chat_workload(40, prompt=200, ttft=1.0, tpot=0.05)
+    sim, pol = _bound(3, w)
+    fleet, router = pol.router.core.fleet, pol.router
+    for j in range(3):
+        fleet.relabel(j, 0, 0.0)
+    for r in range(1, 11):
+        fleet.place(1, r, 500, 0)   # instance 1: the head of the gradient
+    fleet.place(2, 11, 500, 0)      # instance 2: the tail, nearly empty
+    assert router.best_effort_instance(0, sim, 0.0) == 1
+    fleet.relabel(0, fleet.POOL, 0.0)
+    assert router.best_effort_instance(12, sim, 0.0) == 0  # the pool first
+
+
 def test_route_defers_when_nothing_admits_and_demotes_once_ttft_is_lost() -> None:
     w = _chat_workload(300, prompt=4000, ttft=0.3, tpot=0.02)
     sim, pol = _bound(1, w)

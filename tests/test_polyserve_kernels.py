@@ -65,18 +65,20 @@ def test_observe_row_equals_the_numpy_refresh_and_place_row_keeps_it_sorted() ->
     be = rng.random(n_req) < 0.1
     shape = (3, 8)
     rem, csum, pb, sa = (np.zeros(shape, np.int64) for _ in range(4))
-    n_res, kv_now, q_pre, tight = (np.zeros(3, np.int64) for _ in range(4))
+    n_res, kv_now, q_pre, q_slo, tight = (np.zeros(3, np.int64) for _ in range(5))
     for trial in range(200):
         res = rng.choice(n_req, int(rng.integers(0, 8)), replace=False)
         resid = curves[trial % 2].astype(np.int64)
-        got = pk.observe_row(I, res, rtier, rtpot, be, resid, rem, csum, pb, sa, n_res, kv_now, q_pre, tight, 1,
-                             tiers + 1)
+        got = pk.observe_row(I, res, rtier, rtpot, be, resid, rem, csum, pb, sa, n_res, kv_now, q_pre, q_slo, tight,
+                             1, tiers + 1)
         left = resid[np.minimum(I[res, I_GEN], resid.size - 1)]
         order = np.argsort(-left, kind="stable")
         n = res.size
         assert rem[1, :n].tolist() == left[order].tolist()
         assert csum[1, :n].tolist() == np.cumsum(I[res, I_NT][order]).tolist()
-        assert (n_res[1], kv_now[1], q_pre[1]) == (n, I[res, I_NT].sum(), (I[res, I_NT] - I[res, I_NC]).sum())
+        todo = I[res, I_NT] - I[res, I_NC]
+        assert (n_res[1], kv_now[1], q_pre[1]) == (n, I[res, I_NT].sum(), todo.sum())
+        assert q_slo[1] == todo[~be[res]].sum()  # best-effort prompts run last: not ahead of a new SLO prompt
         assert tight[1] == (rtier[res].min() if n else tiers + 1)
         assert got == float(np.where(be[res], np.inf, rtpot[res]).min()) if n else got == np.inf
         # a placement inserts into the sorted row; the maxima it keeps give the stepped future KV peak
@@ -157,7 +159,7 @@ def test_one_pass_routing_equals_the_rule_over_admission_verdicts() -> None:
             ctx, prompt, r0, deadline, xfer = router._request(req, False)
             got = pk.place(t, fleet.n_tiers, fleet.label, fleet.host_rank[t], fleet.idle_label, fleet.res_tight,
                            False, fleet.engine_of, xfer, fleet.grid, fleet.curves, fleet.row_tpot, fleet.rem,
-                           fleet.csum, fleet.pb, fleet.sa, fleet.n_res, fleet.q_pre, fleet.kv_now,
+                           fleet.csum, fleet.pb, fleet.sa, fleet.n_res, fleet.q_slo, fleet.kv_now,
                            fleet.busy_until, fleet.cap, fleet.max_seqs, fleet.table.tokens, fleet.table.kv,
                            fleet.table.times, fleet.ptable.tokens, fleet.ptable.kv, fleet.ptable.times, ctx, prompt,
                            r0, 0.0, deadline)

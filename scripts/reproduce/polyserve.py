@@ -23,12 +23,19 @@ Experiments:
 * servers (§5.5): uniform-4096-1024, goodput per instance at 90 % for fleets of ``--servers`` sizes.
 
 Optimal rate (§3.4-3.5; the equations are lost in the extracted text, reconstructed): an instance serving one tier
-of TPOT ``tau`` at its largest batch runs iterations of ``T`` tokens, the token budget the profile table allows
-within ``tau`` at the steady KV size; the decode share of those tokens is ``B = T O/(P+O)`` (mean prompt ``P``,
-output ``O`` of the tier), holding ``B (P + O/2)`` KV tokens; ``T`` is that fixed point, capped by ``max_num_seqs``
-decodes (then the iteration is shorter than ``tau``) and by KV capacity. The tier's rate per instance is
-``T / (t(T) (P + O))``; the cluster optimum is ``N / sum_tiers(share / rate)`` (perfect packing, no fragmentation,
-no TTFT wait). Best-effort requests count at the loosest tier.
+of TPOT ``tau`` at its largest batch runs iterations of ``T`` tokens, the largest token batch whose predicted time
+at the steady KV size stays within ``tau``; the decode share of those tokens is ``B = T O/(P+O)`` (mean prompt
+``P``, output ``O`` of the tier), holding ``B (P + O/2)`` KV tokens; the prefill share ``T P/(P+O)`` attends its
+past (§3.4 counts "prefill attention time" in the co-located iteration; the profile table alone leaves it out, so
+it is read from the prefill profile at the tier's mean past of a prompt token, ``sum(P^2) / (2 sum(P))``); ``T`` is
+that fixed point, capped by ``max_num_seqs`` decodes (then the iteration is shorter than ``tau``) and by KV
+capacity. The tier's rate per instance is ``T / (t(T) (P + O))``; the cluster optimum is ``N / sum_tiers(share /
+rate)`` (perfect packing, no fragmentation, no TTFT wait). Best-effort requests count at the loosest tier. The
+header of each sweep also prints the estimate without prefill attention (the reconstruction before it was added:
+on Mooncake, whose prompts reach 85K tokens, it was 1.6x too high).
+
+Run length: ``--requests`` per run; ``--min-span S`` raises it so that the arrivals span at least ``S`` seconds
+(steady state needs arrivals over several request lifetimes; the paper samples 300,000 requests per dataset).
 
 Paper figures: the extracted text lost every number; the published abstract (arXiv 2507.17769) states 1.23x goodput
 over existing policies and up to 92.5 % of the optimal goodput. Those are printed beside slogym's.
@@ -47,7 +54,8 @@ from typing import Any
 import numpy as np
 
 from slogym.baselines import make_policy
-from slogym.baselines.polyserve import profile_table, request_tiers
+from slogym.baselines import polyserve_kernels as pk
+from slogym.baselines.polyserve import prefill_profile_table, profile_table, request_tiers
 from slogym.core.request import Workload
 from slogym.core.simulator import Simulator
 from slogym.engines.registry import get_engine
@@ -113,9 +121,11 @@ def flipped(trace: str, rate: float, n: int, seed: int, eng: Any) -> Workload:
                               best_effort=cat((a.best_effort, b.best_effort)), name=f"{trace}-flip")
 
 
-def optimal_rate(w: Workload, eng: Any, n_inst: int) -> float:
-    """The perfect-packing cluster rate of the module docstring (requests/s)."""
+def optimal_rate(w: Workload, eng: Any, n_inst: int, attention: bool = True) -> float:
+    """The perfect-packing cluster rate of the module docstring (requests/s); ``attention=False``: without the
+    prefill chunks' attention over their past (the estimate before it was added)."""
     table = profile_table(eng)
+    ptable = prefill_profile_table(eng)
     tiers = np.array(sorted(TIER_MIX))
     rt = np.minimum(request_tiers(w.min_tpot, w.best_effort, tiers), tiers.size - 1)
     inv_rate = 0.0
@@ -123,19 +133,26 @@ def optimal_rate(w: Workload, eng: Any, n_inst: int) -> float:
         sel = rt == t
         if not sel.any():
             continue
-        p, o = float(w.input_tokens[sel].mean()), float(w.output_tokens[sel].mean())
+        inp = w.input_tokens[sel].astype(np.float64)
+        p, o = float(inp.mean()), float(w.output_tokens[sel].mean())
+        past = float((inp * inp).sum() / (2.0 * inp.sum())) if attention else 0.0  # a prefill token's mean past
         seqs_cap = float(eng.max_num_seqs) * (p + o) / o
 
         def kv_of(tokens: float) -> float:
             return min(min(tokens * o / (p + o), float(eng.max_num_seqs)) * (p + o / 2), float(eng.kv_capacity_tokens))
 
+        def iteration(tokens: float) -> float:  # T tokens, the prefill share attending the mean past
+            chunk = tokens * p / (p + o)
+            return table.time_one(tokens, kv_of(tokens)) + pk.attn_extra(ptable.tokens, ptable.kv, ptable.times,
+                                                                           chunk, past)
+
         lo, hi = 0.0, min(float(table.token_budget(np.array([0.0]), float(tau))[0]), seqs_cap)
-        for _ in range(40):  # largest T with T <= budget(kv(T)): the budget falls as the KV grows
+        for _ in range(40):  # largest T whose iteration fits tau: the time rises with T and with the KV
             mid = 0.5 * (lo + hi)
-            lo, hi = (mid, hi) if mid <= table.token_budget(np.array([kv_of(mid)]), float(tau))[0] else (lo, mid)
+            lo, hi = (mid, hi) if iteration(mid) <= tau else (lo, mid)
         if lo < 1.0:
             return 0.0  # this tier cannot be served at steady state
-        per_inst = lo / (float(table.time(int(lo), int(kv_of(lo)))) * (p + o))
+        per_inst = lo / (iteration(lo) * (p + o))
         inv_rate += sel.mean() / per_inst
     return n_inst / inv_rate
 
@@ -205,8 +222,16 @@ def ratios(rates: list[float], good: dict[str, float]) -> dict[str, tuple[float,
     return out
 
 
-def report_sweep(title: str, rates: list[float], opt: float, res: dict[str, list[dict]]) -> dict[str, float]:
-    print(f"\n## {title}  (optimal rate {opt:.2f} req/s)")
+def n_requests(a: argparse.Namespace, rate: float) -> int:
+    """Requests of a run at ``rate``: ``--requests``, more when needed for the arrivals to span ``--min-span``
+    seconds (steady state needs arrivals over several request lifetimes; the paper samples 300,000 requests)."""
+    return max(a.requests, int(np.ceil(rate * a.min_span)))
+
+
+def report_sweep(title: str, rates: list[float], opt: float, res: dict[str, list[dict]],
+                 opt_flat: float | None = None) -> dict[str, float]:
+    flat = f"; {opt_flat:.2f} without prefill attention" if opt_flat is not None else ""
+    print(f"\n## {title}  (optimal rate {opt:.2f} req/s{flat})")
     print("load   " + "".join(f"{p:>22s}" for p in res))
     for i, r in enumerate(rates):
         cells = []
@@ -239,10 +264,12 @@ def exp_goodput(a: argparse.Namespace, eng: Any) -> None:
         probe = workload(trace, 1.0, a.requests, a.seed, eng)
         opt = optimal_rate(probe, eng, a.instances)
         rates = [f * opt for f in a.loads]
-        res = sweep(lambda r: workload(trace, r, a.requests, a.seed, eng), eng, a.instances, rates, a.budgets,
+        res = sweep(lambda r: workload(trace, r, n_requests(a, r), a.seed, eng), eng, a.instances, rates, a.budgets,
                     a.policies)
+        counts = sorted({n_requests(a, r) for r in rates})
         good = report_sweep(f"goodput, {trace}, {a.instances} instances (PD split "
-                            f"{pd_split(probe, eng, a.instances)}), {a.requests} requests", rates, opt, res)
+                            f"{pd_split(probe, eng, a.instances)}), {counts[0]}{f'-{counts[-1]}' if len(counts) > 1 else ''} "
+                            f"requests", rates, opt, res, optimal_rate(probe, eng, a.instances, attention=False))
         summary.append((trace, ratios(rates, good)))
     print(f"\n## summary: goodput at {TARGET:.0%} attainment, PolyServe / best baseline of its variant "
           f"({a.instances} instances; '>=': PolyServe met the target at the top load)")
@@ -255,11 +282,13 @@ def exp_goodput(a: argparse.Namespace, eng: Any) -> None:
 
 def exp_burst(a: argparse.Namespace, eng: Any) -> None:
     trace = "uniform-4096-1024"
-    opt = optimal_rate(flipped(trace, 1.0, a.requests, a.seed, eng), eng, a.instances)
+    probe = flipped(trace, 1.0, a.requests, a.seed, eng)
+    opt = optimal_rate(probe, eng, a.instances)
     rates = [f * opt for f in a.loads]
-    res = sweep(lambda r: flipped(trace, r, a.requests, a.seed, eng), eng, a.instances, rates, a.budgets,
+    res = sweep(lambda r: flipped(trace, r, n_requests(a, r), a.seed, eng), eng, a.instances, rates, a.budgets,
                 a.policies)
-    report_sweep(f"burst: tier mix flips half-way, {trace}, {a.instances} instances", rates, opt, res)
+    report_sweep(f"burst: tier mix flips half-way, {trace}, {a.instances} instances", rates, opt, res,
+                 optimal_rate(probe, eng, a.instances, attention=False))
 
 
 def exp_cost(a: argparse.Namespace, eng: Any) -> None:
@@ -294,7 +323,8 @@ def exp_servers(a: argparse.Namespace, eng: Any) -> None:
     for n in a.servers:
         opt = optimal_rate(workload(trace, 1.0, a.requests, a.seed, eng), eng, n)
         rates = [f * opt for f in a.loads]
-        res = sweep(lambda r: workload(trace, r, a.requests, a.seed, eng), eng, n, rates, a.budgets, a.policies)
+        res = sweep(lambda r: workload(trace, r, n_requests(a, r), a.seed, eng), eng, n, rates, a.budgets,
+                    a.policies)
         good = {p: goodput_at(rates, [s["attainment"] for s in rows]) / n for p, rows in res.items()}
         print(f"{n:7d} " + "".join(f"{good[p]:22.3f}" for p in a.policies))
 
@@ -305,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, help="requests per run, default 4000 (quick: 1200)")
     ap.add_argument("--loads", help="fractions of the optimal rate, default 0.2,0.4,...,1.2 (quick: 0.6,0.9,1.2)")
     ap.add_argument("--traces", help=f"default {','.join(TRACES)} (quick: azure-conv,uniform-4096-1024)")
+    ap.add_argument("--min-span", type=float, default=0.0,
+                    help="seconds the arrivals of a goodput / burst / servers run span at least (more requests at "
+                         "high rates; default 0: --requests alone)")
     ap.add_argument("--budgets", help="CO-Chunk static budgets swept, default 256,512,1024,2048 (quick: 256,1024)")
     ap.add_argument("--servers", help="default 8,16,...,64 (quick: 4,8)")
     ap.add_argument("--cost-rates", help="cost experiment rates in single-instance optima, default 2,5,10 "

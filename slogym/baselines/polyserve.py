@@ -308,6 +308,8 @@ class Fleet:
                ``PREFILL`` (= n_tiers + 3: a prefill instance of a disaggregated cluster, shared by all tiers)
     n_res      resident requests (running + waiting);  kv_now  their known length sum (KV at the next step)
     q_pre      prompt tokens still to prefill after the iteration in flight
+    q_slo      those of residents with an SLO: the queue a new prompt waits for in the CO TTFT prediction (§4.7;
+               ``PolyScheduler._deadline_order`` runs demoted / best-effort prompts after every SLO prompt)
     busy_until predicted end of the iteration in flight (profile table; §4.6 wait time)
     res_tight  the tightest tier among the residents (``n_tiers``: best effort; ``n_tiers + 1``: none)
     rem, csum  residents sorted by predicted remaining tokens (desc) and prefix sums of their lengths
@@ -361,6 +363,7 @@ class Fleet:
         self.n_res = np.zeros(n, np.int64)
         self.kv_now = np.zeros(n, np.int64)
         self.q_pre = np.zeros(n, np.int64)
+        self.q_slo = np.zeros(n, np.int64)
         self.busy_until = np.zeros(n)
         self.checked = np.zeros(n, bool)
         self.res_tight = np.full(n, self.n_tiers + 1, np.int64)
@@ -392,8 +395,8 @@ class Fleet:
             res = np.concatenate((res, np.array(self.incoming[inst.id], np.int64)))
         self._fit(res.size)
         return pk.observe_row(rs.I, res, self.rtier, self.rtpot, rs.be, self.resid, self.rem, self.csum,
-                              self.pb, self.sa, self.n_res, self.kv_now, self.q_pre, self.res_tight, inst.id,
-                              self.n_tiers + 1)
+                              self.pb, self.sa, self.n_res, self.kv_now, self.q_pre, self.q_slo, self.res_tight,
+                              inst.id, self.n_tiers + 1)
 
     def in_transfer(self, j: int) -> int:
         """Requests whose KV is on its way to decode instance ``j`` (routed there, not yet arrived): residents
@@ -404,18 +407,25 @@ class Fleet:
         inc[:] = [r for r in inc if status[r] == TRANSFER]
         return len(inc)
 
-    def formed(self, j: int, now: float, busy: float, chunk_tokens: int) -> None:
-        """Instance ``j`` started an iteration predicted to take ``busy`` seconds, prefilling ``chunk_tokens``."""
+    def formed(self, j: int, now: float, busy: float, reqs: list[int], toks: list[int]) -> None:
+        """Instance ``j`` started an iteration predicted to take ``busy`` seconds, prefilling chunks ``toks`` of
+        requests ``reqs``."""
         self.busy_until[j] = now + busy
         self.checked[j] = False
-        self.q_pre[j] -= chunk_tokens
+        be = self.sim.rs.be
+        for r, c in zip(reqs, toks):  # a few chunks per iteration
+            self.q_pre[j] -= c
+            if not be[r]:
+                self.q_slo[j] -= c
 
-    def observe(self, inst: Instance, now: float, busy: float | None = 0.0, chunk_tokens: int = 0) -> None:
+    def observe(self, inst: Instance, now: float, busy: float | None = 0.0, reqs: list[int] | None = None,
+                toks: list[int] | None = None) -> None:
         """Refresh instance ``inst``'s row from its residents (at batch formation with the predicted iteration
-        time ``busy``; with ``busy=None`` when re-read between formations, keeping the predicted end)."""
+        time ``busy`` of the chunks ``toks`` of ``reqs``; with ``busy=None`` when re-read between formations,
+        keeping the predicted end)."""
         self.read(inst)
         if busy is not None:
-            self.formed(inst.id, now, busy, chunk_tokens)
+            self.formed(inst.id, now, busy, reqs or [], toks or [])
 
     def place(self, j: int, r: int, ctx: int, prompt: int) -> None:
         """Request ``r`` (``ctx`` tokens long, ``prompt`` of them still to prefill) joins instance ``j``: insert it
@@ -426,6 +436,8 @@ class Fleet:
         self.n_res[j] = n + 1
         self.kv_now[j] += ctx
         self.q_pre[j] += prompt
+        if not self.sim.rs.be[r]:
+            self.q_slo[j] += prompt
         self.res_tight[j] = min(int(self.res_tight[j]), int(self.rtier[r]))
 
     def remaining(self, r: int) -> int:
@@ -723,7 +735,7 @@ class PolyScheduler(Scheduler):
         busy = fleet.table.time_one(n_tok, kv_now + n_tok)
         if self.polyserve and chunked:
             busy += fleet.chunk_attention(reqs, toks)
-        fleet.formed(inst.id, now, busy, chunked)
+        fleet.formed(inst.id, now, busy, reqs, toks)
         if not reqs:
             if not dec.size and not victims:
                 return unstick(inst, victim_key)
@@ -760,7 +772,7 @@ class PolyScheduler(Scheduler):
         else:  # the PD baselines' cycle time reads the (batch size, KV size) table (§5.1)
             kv_now = (inst.total_blocks - inst.free_blocks) * inst.block_size
             busy = fleet.table.time_one(n_tok, kv_now + n_tok)
-        fleet.observe(inst, now, busy, n_tok)
+        fleet.observe(inst, now, busy, reqs, toks)
         if not reqs:
             return None
         return batch_of(reqs, toks)
@@ -878,7 +890,7 @@ class PolyServeRouter(_FleetRouter):
         ctx, prompt, r0, deadline, xfer_of = self._request(r, decode)
         xfer = float(xfer_of[fleet.engine_of[j[0]]]) if m else 0.0
         pk.verdicts(decode, j, fleet.curve_rows(tpot), tpot, fleet.grid, fleet.curves, fleet.rem, fleet.csum,
-                    fleet.pb, fleet.sa, fleet.n_res, fleet.q_pre, fleet.kv_now, fleet.busy_until, fleet.cap,
+                    fleet.pb, fleet.sa, fleet.n_res, fleet.q_slo, fleet.kv_now, fleet.busy_until, fleet.cap,
                     fleet.max_seqs, table.tokens, table.kv, table.times, fleet.ptable.tokens, fleet.ptable.kv,
                     fleet.ptable.times, ctx, prompt, r0, now, deadline, xfer, ok, load, peak, first)
         return Verdict(ok, load, peak, first)
@@ -977,7 +989,7 @@ class PolyServeRouter(_FleetRouter):
         ctx, prompt, r0, deadline, xfer_of = self._request(req, decode)
         i, up = pk.place(t, fleet.n_tiers, fleet.label, fleet.host_rank[t], fleet.idle_label, fleet.res_tight,
                          decode, fleet.engine_of, xfer_of, fleet.grid, fleet.curves, fleet.row_tpot, fleet.rem,
-                         fleet.csum, fleet.pb, fleet.sa, fleet.n_res, fleet.q_pre, fleet.kv_now, fleet.busy_until,
+                         fleet.csum, fleet.pb, fleet.sa, fleet.n_res, fleet.q_slo, fleet.kv_now, fleet.busy_until,
                          fleet.cap, fleet.max_seqs, table.tokens, table.kv, table.times, fleet.ptable.tokens,
                          fleet.ptable.kv, fleet.ptable.times, ctx, prompt, r0, now, deadline)
         if i < 0:
@@ -1018,16 +1030,19 @@ class PolyServeRouter(_FleetRouter):
         return self._commit(req, i, sim)
 
     def best_effort_instance(self, req: int, sim: "Simulator", now: float) -> int:
-        """Demoted requests go to the least-loaded prefill instance (disaggregated), else to the pool (fewest
-        residents), else to the loosest tier's least-loaded instance."""
+        """Demoted requests go to the least-loaded prefill instance (disaggregated); co-located, to the pool, else
+        the pending list, else the loosest tier (best-effort work belongs to the best-effort pool, §4.3), and
+        within that group to the highest-load instance (§4.3's load gradient: the last, least-loaded instance of
+        a tier must be left to empty, or it never returns to the pool for a tier that needs it; ties: lowest
+        index)."""
         fleet = self.core.fleet
         if fleet.prefill.size:
             return self._commit(req, int(fleet.prefill[np.argmin(fleet.q_pre[fleet.prefill])]), sim)
+        group = np.minimum(fleet.label, fleet.n_tiers)  # pool and pending list: n_tiers, ahead of every tier
         pool = np.flatnonzero(fleet.label == fleet.POOL)
-        if pool.size:
-            return self._commit(req, int(pool[np.argmin(fleet.n_res[pool])]), sim)
-        order = np.lexsort((fleet.n_res, -np.minimum(fleet.label, fleet.n_tiers)))
-        return self._commit(req, int(order[0]), sim)
+        cands = pool if pool.size else np.flatnonzero(group == group.max())
+        load = np.where(fleet.n_res[cands] > 0, fleet.table.time(fleet.n_res[cands], fleet.kv_now[cands]), 0.0)
+        return self._commit(req, int(cands[np.argmax(load)]), sim)
 
 
 # ============================================================================ auto-scaling (§4.3-4.4)

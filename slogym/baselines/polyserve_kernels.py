@@ -164,14 +164,15 @@ def deadline_order(cands: np.ndarray, ready: np.ndarray, stage: np.ndarray, stag
 @njit(**_JIT)
 def observe_row(I: np.ndarray, res: np.ndarray, rtier: np.ndarray, rtpot: np.ndarray, be: np.ndarray,
                 resid: np.ndarray, rem: np.ndarray, csum: np.ndarray, pb: np.ndarray, sa: np.ndarray,
-                n_res: np.ndarray, kv_now: np.ndarray, q_pre: np.ndarray, res_tight: np.ndarray, j: int,
-                no_tier: int) -> float:
+                n_res: np.ndarray, kv_now: np.ndarray, q_pre: np.ndarray, q_slo: np.ndarray, res_tight: np.ndarray,
+                j: int, no_tier: int) -> float:
     """Write instance ``j``'s row of the fleet (``Fleet.read``) from its residents ``res`` (running then waiting):
     ``rem[j]`` the predicted remaining tokens (``resid[generated]``, the last entry beyond its end: the
-    ``Fleet.remaining`` curve, values >= 1; §4.5) sorted descending (stable), ``csum[j]`` the prefix sums of their lengths in that order (and :func:`row_maxima`),
-    ``n_res[j]``, ``kv_now[j]``
-    (their length sum), ``q_pre[j]`` (tokens still to compute) and ``res_tight[j]`` (the tightest resident tier,
-    ``no_tier`` when empty). Returns the tightest TPOT among the residents with an SLO."""
+    ``Fleet.remaining`` curve, values >= 1; §4.5) sorted descending (stable), ``csum[j]`` the prefix sums of their
+    lengths in that order (and :func:`row_maxima`), ``n_res[j]``, ``kv_now[j]`` (their length sum), ``q_pre[j]``
+    (tokens still to compute), ``q_slo[j]`` (those of residents with an SLO, ``be`` false: the prompts the
+    scheduler runs before best-effort ones) and ``res_tight[j]`` (the tightest resident tier, ``no_tier`` when
+    empty). Returns the tightest TPOT among the residents with an SLO."""
     n = res.size
     top = resid.max()
     last = resid.size - 1
@@ -190,6 +191,7 @@ def observe_row(I: np.ndarray, res: np.ndarray, rtier: np.ndarray, rtpot: np.nda
         start[rank[m]] += 1
     acc = 0
     todo = 0
+    todo_slo = 0
     tight = INF
     tier = no_tier
     for m in range(n):
@@ -200,12 +202,15 @@ def observe_row(I: np.ndarray, res: np.ndarray, rtier: np.ndarray, rtpot: np.nda
         todo += I[r, I_NT] - I[r, I_NC]
         if rtier[r] < tier:
             tier = rtier[r]
-        if not be[r] and rtpot[r] < tight:
-            tight = rtpot[r]
+        if not be[r]:
+            todo_slo += I[r, I_NT] - I[r, I_NC]
+            if rtpot[r] < tight:
+                tight = rtpot[r]
     row_maxima(rem, csum, pb, sa, j, n)
     n_res[j] = n
     kv_now[j] = acc
     q_pre[j] = todo
+    q_slo[j] = todo_slo
     res_tight[j] = tier
     return tight
 
@@ -272,14 +277,16 @@ def future_kv_peak_one(rem: np.ndarray, csum: np.ndarray, pb: np.ndarray, sa: np
 
 @njit(**_INLINE)
 def _admits(decode: bool, j: int, host_tpot: float, curve: np.ndarray, grid: np.ndarray, rem: np.ndarray,
-            csum: np.ndarray, pb: np.ndarray, sa: np.ndarray, n_res: np.ndarray, q_pre: np.ndarray,
+            csum: np.ndarray, pb: np.ndarray, sa: np.ndarray, n_res: np.ndarray, q_ahead: np.ndarray,
             kv_now: np.ndarray, busy_until: np.ndarray, cap: np.ndarray, max_seqs: np.ndarray, tg: np.ndarray,
             kg: np.ndarray, tt: np.ndarray, pg: np.ndarray, pkv: np.ndarray, pt: np.ndarray, ctx: int, prompt: int,
             r0: int, now: float, deadline: float, xfer: float) -> tuple[bool, int, float]:
     """Admission of one request on instance ``j`` (the rules are ``PolyServeRouter.admission`` (co-located) and
     ``decode_admission`` (``decode``)): (admitted, future KV peak, predicted first / next token time).
 
-    Co-located chunk (§4.7, "maintained throughout the prefill"): :func:`co_chunk` at the past the prompt's last
+    ``q_ahead[j]``: prompt tokens queued on ``j`` that the new prompt waits for (``Fleet.q_slo``: those of
+    requests with an SLO; the scheduler runs best-effort prompts last). Co-located chunk (§4.7, "maintained
+    throughout the prefill"): :func:`co_chunk` at the past the prompt's last
     chunk attends (its length less the attention-free chunk), and each iteration of the prediction is timed with
     the chunk's attention over the mean past of the prompt's chunks (``pg``, ``pkv``, ``pt``: the prefill
     profile)."""
@@ -296,7 +303,7 @@ def _admits(decode: bool, j: int, host_tpot: float, curve: np.ndarray, grid: np.
     hi = token_budget(grid, curve, float(pk)) - batch
     last = ctx - (hi if 0 < hi < prompt else prompt)  # the past the prompt's last chunk attends
     chunk = co_chunk(tg, kg, tt, pg, pkv, pt, batch, float(pk), hi, float(last), host_tpot)
-    todo = q_pre[j] + prompt
+    todo = q_ahead[j] + prompt
     step = chunk if chunk > 1 else 1
     s = step if step < todo else todo
     t_iter = table_time(tg, kg, tt, float(batch + s), float(pk)) + attn_extra(pg, pkv, pt, float(s),
@@ -314,7 +321,7 @@ def _load(tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, n_res: np.ndarray, kv_
 @njit(**_JIT)
 def verdicts(decode: bool, cand: np.ndarray, curve_of: np.ndarray, host_tpot: np.ndarray, grid: np.ndarray,
              curves: np.ndarray, rem: np.ndarray, csum: np.ndarray, pb: np.ndarray, sa: np.ndarray,
-             n_res: np.ndarray, q_pre: np.ndarray, kv_now: np.ndarray, busy_until: np.ndarray, cap: np.ndarray,
+             n_res: np.ndarray, q_ahead: np.ndarray, kv_now: np.ndarray, busy_until: np.ndarray, cap: np.ndarray,
              max_seqs: np.ndarray, tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, pg: np.ndarray, pkv: np.ndarray,
              pt: np.ndarray, ctx: int, prompt: int, r0: int, now: float, deadline: float, xfer: float, ok: np.ndarray,
              load: np.ndarray, peak: np.ndarray, first: np.ndarray) -> None:
@@ -322,7 +329,7 @@ def verdicts(decode: bool, cand: np.ndarray, curve_of: np.ndarray, host_tpot: np
     (token-budget curve: row ``curve_of[m]`` of ``curves``), written to ``ok``, ``load``, ``peak``, ``first``."""
     for m in range(cand.size):
         ok[m], peak[m], first[m] = _admits(
-            decode, cand[m], host_tpot[m], curves[curve_of[m]], grid, rem, csum, pb, sa, n_res, q_pre, kv_now,
+            decode, cand[m], host_tpot[m], curves[curve_of[m]], grid, rem, csum, pb, sa, n_res, q_ahead, kv_now,
             busy_until, cap, max_seqs, tg, kg, tt, pg, pkv, pt, ctx, prompt, r0, now, deadline, xfer)
         load[m] = _load(tg, kg, tt, n_res, kv_now, cand[m])
 
@@ -332,7 +339,7 @@ def place(t: int, n_tiers: int, label: np.ndarray, host_rank: np.ndarray, idle_l
           res_tight: np.ndarray, decode: bool, engine_of: np.ndarray, xfer_of: np.ndarray, grid: np.ndarray,
           curves: np.ndarray, row_tpot: np.ndarray, rem: np.ndarray, csum: np.ndarray, pb: np.ndarray,
           sa: np.ndarray, n_res: np.ndarray,
-          q_pre: np.ndarray, kv_now: np.ndarray, busy_until: np.ndarray, cap: np.ndarray, max_seqs: np.ndarray,
+          q_ahead: np.ndarray, kv_now: np.ndarray, busy_until: np.ndarray, cap: np.ndarray, max_seqs: np.ndarray,
           tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, pg: np.ndarray, pkv: np.ndarray, pt: np.ndarray, ctx: int,
           prompt: int, r0: int, now: float, deadline: float) -> tuple[int, bool]:
     """Steps 1-3 of PolyServe's routing rule (``PolyServeRouter._place``) for a request of tier ``t`` over all
@@ -361,7 +368,7 @@ def place(t: int, n_tiers: int, label: np.ndarray, host_rank: np.ndarray, idle_l
             xfer = xfer_of[engine_of[j]]
         if rank > best_rank:
             continue
-        ok, _, _ = _admits(decode, j, row_tpot[row], curves[row], grid, rem, csum, pb, sa, n_res, q_pre, kv_now,
+        ok, _, _ = _admits(decode, j, row_tpot[row], curves[row], grid, rem, csum, pb, sa, n_res, q_ahead, kv_now,
                            busy_until, cap, max_seqs, tg, kg, tt, pg, pkv, pt, ctx, prompt, r0, now, deadline, xfer)
         if not ok:
             continue
