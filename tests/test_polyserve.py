@@ -399,7 +399,9 @@ def test_pd_every_request_one_outcome_and_no_looser_decode_host(name: str) -> No
     assert hosts and all(sim.instances[int(sim.rs.instance[r])].role == 2 or sim.rs.outcome[r] != Outcome.FINISHED
                          for r, _ in hosts)
     if name == "polyserve-pd":
-        assert all(label <= fleet.rtier[r] for r, label in hosts if fleet.rtier[r] < fleet.n_tiers)
+        # a demoted request is best effort, routed like best effort (the pool first): any host
+        assert all(label <= fleet.rtier[r] for r, label in hosts
+                   if fleet.rtier[r] < fleet.n_tiers and not sim.rs.be[r])
 
 
 @needs_pd
@@ -441,6 +443,29 @@ def test_decode_rows_count_requests_whose_kv_is_still_in_transfer() -> None:
     assert seen and min(seen) >= 1                      # the request being handed off is always counted
     assert all(not fleet_of.fleet.in_transfer(j) for j in range(4))  # arrived ones are pruned
     assert (sim.rs.outcome != Outcome.DROPPED).all()
+
+
+@needs_pd
+def test_demoted_hand_off_goes_to_the_pool_not_its_former_tier() -> None:
+    """A demoted request is best effort on the decode side too: with nothing admitting it goes to the loosest
+    tier, never forced onto its former (tight) tier's instances as a request still in time is."""
+    w = _chat_workload(800, prompt=4000, ttft=0.3, tpot=0.02)
+    pol = POLICIES["polyserve-pd"](ENGINE, tiers=(0.02, 0.03, 0.05, 0.1))
+    sim = Simulator(w, ENGINE, pol, pd=(1, 3))
+    pol.reset(sim)
+    sim.rs.num_tokens[:] = sim.rs.stage_len
+    sim.rs.num_computed[:] = sim.rs.num_tokens
+    fleet, router = pol.router.core.fleet, pol.router
+    fleet.relabel(1, 0, 0.0)
+    for r in range(1, 150):          # the 20 ms decode instance is full
+        fleet.place(1, r, 4000, 0)
+    assert router.route_decode(0, sim, 0.0) == 2             # a tier-0 request in time: scale-up from the pool
+    fleet.relabel(3, 3, 0.0)
+    for r in range(150, 570):        # instances 2 (20 ms) and 3 (100 ms) out of KV: nothing admits
+        fleet.place(2 + (r % 2), r, 4000, 0)
+    sim.rs.be[600] = True
+    assert router.route_decode(600, sim, 0.0) == 3           # demoted: the loosest tier
+    assert fleet.label[router.route_decode(601, sim, 0.0)] == 0  # in time: its own tier's least-loaded
 
 
 # ---------------------------------------------------------------------------------------------- CO prefill attention

@@ -909,7 +909,13 @@ class PolyServeRouter(_FleetRouter):
         transfer = getattr(sim, "transfer", None)
         nc = int(rs.num_computed[r])
         xfer = np.array([transfer.seconds(nc, e) for e in fleet.engines]) if transfer else fleet.no_xfer
-        return nc + 1, 0, r0, float(rs.next_deadline(w, np.array([r]))[0]), xfer
+        deadline = INF if rs.be[r] else float(rs.next_deadline(w, np.array([r]))[0])  # best effort: none
+        return nc + 1, 0, r0, deadline, xfer
+
+    def _tier(self, r: int) -> int:
+        """The tier request ``r`` is routed at: its TPOT's (§4.2), or best effort (``n_tiers``) once demoted."""
+        fleet = self.core.fleet
+        return fleet.n_tiers if self.core.sim.rs.be[r] else int(fleet.rtier[r])
 
     def prefill_admission(self, j: np.ndarray, r: int, now: float) -> Verdict:
         """Disaggregated prefill admission of request ``r`` on prefill instances ``j`` (§4.2, §4.6, §4.7).
@@ -951,7 +957,11 @@ class PolyServeRouter(_FleetRouter):
         which never happens on PolyServe's fixed fleet, so when nothing admits (even after re-reading the fleet
         and dropping the already-lost next-token deadline) the request goes to the least-loaded decode instance
         of its tier or a tighter one, else to the least-loaded decode instance, relabelled to its tier (labels
-        only ever tighten, so no request sits on a looser instance)."""
+        only ever tighten, so no request sits on a looser instance). A demoted request is best effort: routed
+        like one (the pool first, then the loosest tier, each tier instance only if its TPOT still holds with
+        it), and when nothing admits it goes to the least-loaded decode instance of the pool or pending list,
+        else of the loosest tier, never forced onto its former tier's instances (§4.3: best-effort work belongs to the
+        best-effort pool)."""
         fleet = self.core.fleet
         fleet.refresh_stale(now)
         i = self._place(req, sim, now, decode=True)
@@ -959,8 +969,12 @@ class PolyServeRouter(_FleetRouter):
             i = self._place(req, sim, now, decode=True)
         if i != DEFER:
             return i
-        t = int(fleet.rtier[req])
+        t = self._tier(req)
         dec = fleet.decode
+        if t == fleet.n_tiers:
+            group = np.minimum(fleet.label[dec], fleet.n_tiers + 1)  # the pool, then the loosest label present
+            j = dec[group == group.max()]
+            return self._commit(req, int(j[np.argmin(fleet.cycle_time(j))]), sim)
         own = dec[fleet.label[dec] <= t]
         j = own if own.size else dec
         i = int(j[np.argmin(fleet.cycle_time(j))])
@@ -985,7 +999,7 @@ class PolyServeRouter(_FleetRouter):
         highest load (the load gradient): one compiled pass over the instances (:func:`polyserve_kernels.place`).
         """
         fleet, table = self.core.fleet, self.core.fleet.table
-        t = int(fleet.rtier[req])
+        t = self._tier(req)
         ctx, prompt, r0, deadline, xfer_of = self._request(req, decode)
         i, up = pk.place(t, fleet.n_tiers, fleet.label, fleet.host_rank[t], fleet.idle_label, fleet.res_tight,
                          decode, fleet.engine_of, xfer_of, fleet.grid, fleet.curves, fleet.row_tpot, fleet.rem,
