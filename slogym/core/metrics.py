@@ -20,6 +20,12 @@ tokens during that interval is penalized" -- every token behind the deadline lin
 tpot`` (the expected delivery timeline of Andes [65], which §3.1 follows) decays by
 ``f(D_k - t_ref, t_k - t_ref)``; a token on or ahead of it earns ``w_o`` (``kernels._emit_one``, with
 ``t_ref`` the ready time of the prefill that opened the decode stages, ``RequestState.line_ref``).
+Tempo's unit is the *user* request: a collective (a DAG of LLM calls sharing one end-to-end deadline) is one
+request of Eq. 2, its whole input and output weighted by ``f(SLO_TTLT, TTLT)`` with the TTLT from its arrival to
+its last call's finish, meeting its SLO when that TTLT is within the deadline. The summary's ``service_gain``,
+``goodput`` and ``attainment`` score every call (an early call of a collective that misses still counts as met);
+``user_service_gain``, ``user_goodput`` and ``user_attainment`` score each collective once (equal to the per-call
+figures on workloads without collectives).
 The SA objective (SA paper Eq. 2) is attainment divided by the mean end-to-end latency of served requests.
 Cost: ``cost_instance_seconds`` sums every instance's life, cold start included (HyperFlexis' cost unit, §3
 Eq. 3 and §8: cumulative instance time); ``cost_per_request`` divides it by the served requests (finished or
@@ -115,6 +121,35 @@ def service_gain(sim: "Simulator", idx: np.ndarray | None = None) -> np.ndarray:
     full = (wi * w.input_tokens[sel] + wo * rs.generated[sel]) * f_ttlt
     per_token = rs.sg_in[sel] + wo * rs.sg_out[sel]
     return np.where(served, np.where(has_ttlt, full, per_token), 0.0)
+
+
+def user_request_scores(sim: "Simulator", met: np.ndarray, gain: np.ndarray) -> dict[str, float]:
+    """With each collective as one request (Tempo §3.1 Eq. 2; see the module docstring): the service gain, the
+    requests meeting their SLO (``met``; best-effort ones count when served, as in ``goodput``), those of them
+    with an SLO (``met_scored``) and the requests with an SLO (``n``). ``met``/``gain``: per-call verdicts and
+    gains. A collective call never served makes its collective miss (TTLT infinite, gain 0)."""
+    w, rs = sim.w, sim.rs
+    single = w.group < 0
+    scored = ~w.best_effort
+    out = {"gain": float(gain[single].sum()), "met": int(met[single].sum()),
+           "met_scored": int((met & scored)[single].sum()), "n": int(scored[single].sum())}
+    calls = np.flatnonzero(~single)
+    if not calls.size:
+        return out
+    wi, wo = sim.sg_weights
+    _, first, g = np.unique(w.group[calls], return_index=True, return_inverse=True)  # first: the stage-0 call
+    finish = np.full(first.size, -np.inf)
+    np.maximum.at(finish, g, np.nan_to_num(rs.finish[calls], nan=np.inf))
+    tokens = np.bincount(g, wi * w.input_tokens[calls] + wo * rs.generated[calls], minlength=first.size)
+    head = calls[first]
+    ttlt, deadline = finish - w.arrival[head], w.ttlt[head]
+    made = ttlt <= deadline
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["gain"] += float((tokens * sim._decay(deadline / ttlt)).sum())
+    out["met"] += int(made.sum())
+    out["met_scored"] += int((made & scored[head]).sum())
+    out["n"] += int(scored[head].sum())
+    return out
 
 
 def _pct(x: np.ndarray, prefix: str) -> dict[str, float]:
@@ -228,6 +263,7 @@ def run_summary(sim: "Simulator") -> dict[str, Any]:
     gain = service_gain(sim)
     gain_total = float(np.where(np.isnan(gain), 0.0, gain).sum())
     outcome_counts = np.bincount(rs.outcome, minlength=len(Outcome))
+    user = user_request_scores(sim, met, np.where(np.isnan(gain), 0.0, gain))
     summary: dict[str, Any] = {
         "workload": w.name,
         "policy": sim.policy.name,
@@ -248,6 +284,10 @@ def run_summary(sim: "Simulator") -> dict[str, Any]:
         "service_gain": gain_total,
         "service_gain_rate": gain_total / span,
         "sa_objective": attainment / mean_latency if mean_latency > 0 else float("nan"),
+        "user_requests": user["n"],
+        "user_attainment": user["met_scored"] / user["n"] if user["n"] else float("nan"),
+        "user_goodput": user["met"] / span,
+        "user_service_gain": user["gain"],
         "cost_instance_seconds": float(sum(inst_seconds)),
         "cost_per_request": float(sum(inst_seconds)) / n_served if n_served else float("nan"),
         "kv_transfers": int(sim.kv_transfers),
