@@ -288,6 +288,7 @@ def run_summary(sim: "Simulator") -> dict[str, Any]:
         "user_attainment": user["met_scored"] / user["n"] if user["n"] else float("nan"),
         "user_goodput": user["met"] / span,
         "user_service_gain": user["gain"],
+        "user_service_gain_rate": user["gain"] / span,
         "cost_instance_seconds": float(sum(inst_seconds)),
         "cost_per_request": float(sum(inst_seconds)) / n_served if n_served else float("nan"),
         "kv_transfers": int(sim.kv_transfers),

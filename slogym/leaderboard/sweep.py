@@ -20,6 +20,7 @@ from typing import Any
 import slogym
 
 SUMMARY_KEYS = ("attainment", "goodput", "throughput", "service_gain", "service_gain_rate", "sa_objective",
+                "user_attainment", "user_goodput", "user_service_gain_rate",
                 "cost_instance_seconds", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "ttlt_p50", "ttlt_p99",
                 "preemptions", "n_requests", "sim_seconds", "wall_seconds")
 
