@@ -12,7 +12,7 @@ so it cannot serve as the knob.) Run on one core:
 ``--peer`` mirrors the configuration peer simulators are usually run with, for side-by-side comparison:
 Llama-2-70B on A100 with TP2 (``llama2-70b-a100-tp2``), one replica, the Azure conv 2023 replay (first 2k / 10k
 / all rows at ``--time-scale``), vLLM with a batch cap of 128 and 4,096 tokens per batch, and Sarathi with chunk
-512; it prints wall time, simulated requests/s, iterations/s, peak RSS and TTFT / TPOT / E2E percentiles
+512; it prints wall time, simulated requests/s, iterations/s, peak RSS, preemptions and TTFT / TPOT / E2E percentiles
 (TPOT is each request's mean time per output token; slogym keeps per-request gap summaries, not every gap).
 """
 
@@ -127,7 +127,8 @@ def peer(args: argparse.Namespace) -> int:
     engine = "llama2-70b-a100-tp2"
     print(f"peer configuration: {engine}, 1 replica, azure_conv_2023 x{args.time_scale}, "
           f"vllm {PEER_POLICIES['vllm']}, sarathi {PEER_POLICIES['sarathi']}")
-    head = f"{'policy':8s} {'rows':>6s} {'wall s':>7s} {'req/s':>8s} {'iter/s':>8s} {'CPU r/s':>8s} {'RSS MB':>7s}"
+    head = (f"{'policy':8s} {'rows':>6s} {'wall s':>7s} {'req/s':>8s} {'iter/s':>8s} {'CPU r/s':>8s} {'RSS MB':>7s} "
+            f"{'preempt':>8s}")
     lat = " ".join(f"{m}_p{p}" for m in ("ttft", "tpot", "e2e") for p in (50, 90, 99))
     print(head + "  " + lat + "  (seconds)")
     for rows in args.peer_rows.split(","):
@@ -137,7 +138,7 @@ def peer(args: argparse.Namespace) -> int:
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             pct = " ".join(f"{s[f'{k}_p{p}']:.3f}" for k in ("ttft", "tpot", "ttlt") for p in (50, 90, 99))
             print(f"{policy:8s} {len(w):6d} {wall:7.2f} {len(w) / wall:8.0f} {s['iterations'] / wall:8.0f} "
-                  f"{len(w) / s['cpu_seconds']:8.0f} {rss:7.0f}  {pct}")
+                  f"{len(w) / s['cpu_seconds']:8.0f} {rss:7.0f} {s['preemptions']:8d}  {pct}")
     return 0
 
 
