@@ -302,6 +302,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timing", choices=TIMINGS, default="norm",
                     help="iteration time = wall time, CPU time, or CPU time at the machine's quiet speed (norm, "
                          "the default: shared machines; see EngineConfig)")
+    ap.add_argument("--ref-reps", type=int, default=EngineConfig.ref_reps,
+                    help="norm timing: reference-kernel passes per speed sample (EngineConfig.ref_reps)")
+    ap.add_argument("--ref-window", type=int, default=EngineConfig.ref_window,
+                    help="norm timing: speed samples averaged per step, >= 2: this step's two and earlier steps' "
+                         "(EngineConfig.ref_window)")
     ap.add_argument("--noise-repeats", type=int, default=100,
                     help="back-to-back repeats of one batch per kind for the noise floor (0: skip)")
     ap.add_argument("--calibrate", type=int, default=0, metavar="N",
@@ -323,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
                             **{k: int(arch[k]) for k in ("hidden", "layers", "heads")})
     cfg = EngineConfig(model=str(model), num_blocks=args.blocks, max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_prompt + args.max_out,
-                       seed=args.seed, nice=args.nice, timing=args.timing, step_timeout=args.step_timeout)
+                       seed=args.seed, nice=args.nice, timing=args.timing, step_timeout=args.step_timeout,
+                       ref_reps=args.ref_reps, ref_window=args.ref_window)
     w, src = trace_workload(args.requests, args.rate, args.token_scale, args.max_prompt, args.max_out, args.ttft,
                             args.tpot, args.seed)
     t0 = time.perf_counter()
@@ -391,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
                          "noise_back_to_back": noise, "profile_drift_pct": profile_drift(pre, post),
                          "noise_live_same_batch": float(np.mean(np.abs(same - 1.0)) * 100.0) if same.size else None,
                          "noise_live_same_batch_n": int(same.size), "noise_only_source": inject_src,
-                         "timing": args.timing, "arch": args.arch, "model": str(model),
+                         "timing": args.timing, "ref_reps": args.ref_reps, "ref_window": args.ref_window,
+                         "arch": args.arch, "model": str(model),
                          "rate": args.rate, "slo_ttft_s": args.ttft, "slo_tpot_s": args.tpot, "warm_shapes": args.warm_shapes, "workload": src,
                          "requests": len(w), "calibration_requests": args.calibrate if calib else 0,
                          "served_rows": 0 if served is None else len(served),

@@ -47,6 +47,35 @@ def test_speed_reference_is_shaped_like_the_model_layers() -> None:
     assert ref.typical is not None and ref.factor() > 0
 
 
+def test_speed_reference_repeats_the_kernel_and_averages_over_the_previous_step(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ref = SpeedReference(calibrate=1, window=4, hidden=128, reps=3)
+    calls: list[int] = []
+    monkeypatch.setattr(ref, "_mm", lambda x, w: calls.append(1))
+    ref._kernel()
+    assert len(calls) == 3 * 4  # reps passes over one layer's four GEMMs
+    times = iter([2.0, 2.0, 4.0, 4.0, 4.0, 4.0])
+    monkeypatch.setattr(ref, "_kernel", lambda: next(times))
+    ref.sample()
+    ref.sample()
+    assert ref.typical == 2.0 and ref.factor() == 1.0  # calibrated on the first step's two samples
+    ref.sample()
+    ref.sample()
+    assert ref.factor() == pytest.approx(2.0 / 8 ** 0.5)  # geometric mean; the previous step's samples count
+    ref.sample()
+    ref.sample()
+    assert ref.factor() == 0.5
+
+
+@pytest.mark.parametrize("kw", [{"window": 1}, {"reps": 0}, {"calibrate": 0}])
+def test_speed_reference_rejects_bad_parameters(kw: dict[str, int]) -> None:
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        SpeedReference(**kw)
+    if "calibrate" not in kw:
+        with pytest.raises(ValueError, match=f"ref_{next(iter(kw))}"):
+            EngineConfig(model="m", **{f"ref_{k}": v for k, v in kw.items()})
+
+
 def test_executor_timer_accumulates_and_passes_results_through() -> None:
     w = Worker.__new__(Worker)  # only the timer; no engine
     w.exec_s = [0.0, 0.0]

@@ -329,7 +329,8 @@ def test_speed_reference_freezes_its_unit(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(ref, "_kernel", lambda: next(times))
     ref.sample()
     ref.sample()
-    assert ref.typical is None and ref.factor() == 1.0  # running median of [1, 3] = 2 over a bracket mean of 2
+    # running median of [1, 3] = 2 over the samples' geometric mean sqrt(3)
+    assert ref.typical is None and ref.factor() == pytest.approx(2.0 / 3 ** 0.5)
     for _ in range(4):
         ref.sample()
     assert ref.typical == 2.0  # median of the first 3 steps' 6 samples, then frozen
@@ -337,7 +338,7 @@ def test_speed_reference_freezes_its_unit(monkeypatch: pytest.MonkeyPatch) -> No
     ref.sample()
     assert ref.factor() == 0.5  # the kernel runs twice as slow around this step: its CPU time counts half
     ref.sample()
-    assert ref.typical == 2.0 and ref.factor() == pytest.approx(2.0 / 6.0)
+    assert ref.typical == 2.0 and ref.factor() == pytest.approx(2.0 / 32 ** 0.5)
 
 
 def test_cli_profile_run_fit_simulate(model_dir: str, tmp_path: Any, capsys: Any) -> None:

@@ -95,8 +95,10 @@ class EngineConfig:
     oversubscribed machine the time the step would take on a dedicated core, without the periods the OS ran
     other work; meaningful with ``threads=1``) or ``norm`` (that CPU time scaled to the machine's quiet speed
     by a reference loop timed right before and after every step, :class:`~slogym.engines.live.worker.
-    SpeedReference`: removes the slow drift of CPU time with other tenants' load; ~0.25 ms of extra wall time
-    per step, not counted; ``ref_hidden``: the hidden size its GEMMs are shaped like, default the model's).
+    SpeedReference`: removes the slow drift of CPU time with other tenants' load; ``ref_reps`` passes of the
+    kernel per sample, the factor from the geometric mean of the last ``ref_window`` samples -- this step's two
+    and the previous step's; ~0.6 ms of extra wall time per step for hidden 256, not counted; ``ref_hidden``:
+    the hidden size its GEMMs are shaped like, default the model's).
     The worker raises oneDNN's primitive cache (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``,
     default 8192 here, 1024 in oneDNN) so that a warmed-up engine keeps every GEMM shape it has seen.
     """
@@ -113,6 +115,8 @@ class EngineConfig:
     nice: int = 0
     timing: str = "wall"
     ref_hidden: int | None = None
+    ref_reps: int = 1
+    ref_window: int = 4
     step_timeout: float = 60.0
     init_timeout: float = 600.0
     python: str | None = None
@@ -120,12 +124,14 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-                     "threads"):
+                     "threads", "ref_reps"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"EngineConfig.{name}={getattr(self, name)!r}; must be >= 1")
         if self.max_model_len > self.num_blocks * self.block_size:
             raise ValueError(f"max_model_len={self.max_model_len} exceeds the KV pool "
                              f"({self.num_blocks} blocks x {self.block_size} tokens)")
+        if self.ref_window < 2:
+            raise ValueError(f"EngineConfig.ref_window={self.ref_window!r}; must be >= 2 (a step's two samples)")
         if self.timing not in TIMINGS:
             raise ValueError(f"EngineConfig.timing={self.timing!r}; expected one of {TIMINGS}")
         if not (self.step_timeout > 0 and self.init_timeout > 0):
@@ -159,7 +165,7 @@ class VLLMEngine:
         self.iterations = 0
         cfg = {k: getattr(config, k) for k in ("model", "block_size", "num_blocks", "max_num_seqs",
                                                "max_num_batched_tokens", "max_model_len", "dtype", "seed",
-                                               "threads", "nice", "timing")}
+                                               "threads", "nice", "timing", "ref_reps", "ref_window")}
         cfg["ref_hidden"] = config.ref_hidden or model_hidden(config.model)
         self.info = self._call({"cmd": "init", **cfg}, config.init_timeout, "start-up")
         if int(self.info["num_blocks"]) != config.num_blocks:

@@ -22,6 +22,7 @@ rules (token budget, FCFS order, watermark, its preemption choice) are not consu
 from __future__ import annotations
 
 import collections
+import math
 import os
 import pickle
 import statistics
@@ -163,19 +164,26 @@ class SpeedReference:
 
     On a shared VM the CPU time of an identical engine step drifts by tens of % within seconds with the load of
     other processes and tenants: the step is not descheduled, it runs slower (shared caches, memory bandwidth,
-    frequency). The reference is a fixed set of small fp32 GEMMs shaped like the tiny model's layers (16 tokens,
-    hidden 128: QKV, O, gate-up, down), timed in thread CPU time right before and right after each step
-    (~0.25 ms each). Measured against 2000 back-to-back repeats of one decode batch on the shared 2-core
-    machine: block medians of the step time correlate 0.96 with the kernel's (a pure-Python loop: 0.80), and
-    the step time divided by the bracketing samples' mean spreads 9.7 % around its median instead of 16.1 %
-    (longer windows track worse: the drift is fast).
+    frequency). The reference is a fixed set of small fp32 GEMMs shaped like one layer of the model (16 tokens:
+    QKV, O, gate-up, down), run ``reps`` times per sample and timed in thread CPU time right before and right
+    after each step. Measured against 2000 back-to-back repeats of one decode batch on the shared 2-core
+    machine: block medians of the step time correlate 0.96 with the kernel's (a pure-Python loop: 0.80).
 
-    ``factor()`` = typical / mean of the step's ``window`` bracketing samples, so ``cpu_s * factor()`` is the
-    step's CPU time at the typical speed. ``typical`` is the median kernel time over the engine's first
-    ``calibrate`` steps (a running median until then), then frozen: beside engine steps the kernel starts from
-    caches the step evicted, so a start-up calibration in isolation would be ~2x too fast. The unit is per
-    engine process: compare normalized times of one engine only, after its first ``calibrate`` steps (the
-    profiler's shape warm-up runs 1024)."""
+    ``factor()`` = typical / geometric mean of the last ``window`` samples (this step's two and, at the default
+    4, the previous step's two), so ``cpu_s * factor()`` is the step's CPU time at the typical speed. The
+    samples are noisy themselves (one pass ~0.3 ms for hidden 256, spreading ~13 %); measured 2026-11-22 at
+    load average 3.5-5 (mean |t / median - 1| of identical batches, normalized CPU time; raw CPU time 17.8 /
+    12.3 / 11.8 %), computed offline from samples recorded around every step: in a live replay of the fidelity
+    trace (17.6k steps) 8.87 % with the previous rule (arithmetic mean of this step's two samples) against
+    8.68 % now; in two back-to-back streams 9.1 / 8.6 % against 7.5 / 7.1 %. Rejected on the replay: ``reps=4``
+    passes per sample (10.3 % with the window of 4: in served traffic the engine waits between steps, and the
+    single pass next to the step catches the cold caches it starts from, which more passes dilute; in
+    back-to-back streams it had looked better), longer windows (6-20 samples: 9.0-10.2 %), a median of the
+    window (8.9 %) and per-sample weights fitted by regression (no gain).
+    ``typical`` is the median kernel time over the engine's first ``calibrate`` steps (a running median until
+    then), then frozen: beside engine steps the kernel starts from caches the step evicted, so a start-up
+    calibration in isolation would be ~2x too fast. The unit is per engine process: compare normalized times
+    of one engine only, after its first ``calibrate`` steps (the profiler's shape warm-up runs 1024)."""
 
     @staticmethod
     def shapes(hidden: int) -> tuple[tuple[int, int], ...]:
@@ -183,23 +191,28 @@ class SpeedReference:
         2 x hidden): QKV, O, gate-up, down."""
         return (hidden, 3 * hidden), (hidden, hidden), (hidden, 4 * hidden), (2 * hidden, hidden)
 
-    def __init__(self, calibrate: int = 500, window: int = 2, hidden: int = 128) -> None:
+    def __init__(self, calibrate: int = 500, window: int = 4, hidden: int = 128, reps: int = 1) -> None:
         import torch
 
+        if min(calibrate, reps) < 1 or window < 2:
+            raise ValueError(f"SpeedReference(calibrate={calibrate}, window={window}, reps={reps}): calibrate and "
+                             "reps must be >= 1, window >= 2 (a step's two bracketing samples)")
         gen = torch.Generator().manual_seed(0)
         shapes = self.shapes(hidden)
         self._w = [torch.randn(k, n, generator=gen) for k, n in shapes]
         self._x = [torch.randn(16, k, generator=gen) for k, _ in shapes]
         self._mm = torch.mm
         self._calib: list[float] = []
-        self._need = calibrate * window
+        self._need = 2 * calibrate  # two samples per step
+        self._reps = reps
         self.typical: float | None = None
         self.recent: collections.deque[float] = collections.deque(maxlen=window)
 
     def _kernel(self) -> float:
         t0 = time.thread_time()
-        for x, w in zip(self._x, self._w):
-            self._mm(x, w)
+        for _ in range(self._reps):
+            for x, w in zip(self._x, self._w):
+                self._mm(x, w)
         return time.thread_time() - t0
 
     def sample(self) -> None:
@@ -214,7 +227,7 @@ class SpeedReference:
         return self.typical if self.typical is not None else statistics.median(self._calib)
 
     def factor(self) -> float:
-        return self.unit() * len(self.recent) / sum(self.recent)
+        return self.unit() / math.exp(sum(map(math.log, self.recent)) / len(self.recent))
 
 
 class Worker:
@@ -242,8 +255,9 @@ class Worker:
         self.sched = self.engine.engine_core.engine_core.scheduler
         self.vocab = int(self.engine.model_config.get_vocab_size())
         self.ids: dict[int, str] = {}
-        self.speed = (SpeedReference(hidden=int(cfg.get("ref_hidden") or 128)) if cfg.get("timing") == "norm"
-                      else None)
+        self.speed = (SpeedReference(hidden=int(cfg.get("ref_hidden") or 128), reps=int(cfg.get("ref_reps", 1)),
+                                     window=int(cfg.get("ref_window", 4)))
+                      if cfg.get("timing") == "norm" else None)
         self.exec_s = [0.0, 0.0]  # wall and CPU time inside the model executor during the current step
         executor = self.engine.engine_core.engine_core.model_executor
         for name in ("execute_model", "sample_tokens"):
@@ -299,7 +313,7 @@ class Worker:
         speed, ref = 1.0, None
         if self.speed is not None:  # bracket the step: one sample before, one after
             self.speed.sample()
-            speed, ref = self.speed.factor(), (self.speed.recent[0], self.speed.recent[-1], self.speed.unit())
+            speed, ref = self.speed.factor(), (self.speed.recent[-2], self.speed.recent[-1], self.speed.unit())
         rev = {v: k for k, v in self.ids.items()}
         executed = {rev[i]: n for i, n in self.sched.executed.items()}
         finished = [int(o.request_id) for o in outs if o.finished]
