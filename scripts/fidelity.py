@@ -25,7 +25,8 @@ Iteration times default to ``--timing norm``: CPU time scaled by a reference ker
 
 Printed: per-iteration time error (MAPE and bias of the fitted model on every batch the live engine executed,
 also per batch kind; the noise floor on the live replays' repeated batches, back to back and across profile
-passes), per-request TTFT / mean TPOT /
+passes; ``oracle_mape``, the lowest MAPE any model on batch features could score on the replay's repeated
+batches), per-request TTFT / mean TPOT /
 TTLT relative error (median, p90), attainment live vs simulated, and where the live and simulated schedules
 first differ. ``--json`` prints one object: the pooled metrics at top level and ``per_policy``.
 
@@ -112,6 +113,26 @@ def same_batch_ratios(iterations: list[pd.DataFrame], min_repeats: int = 5) -> n
     g = it.groupby(list(BatchFeatures._fields))["time_s"]
     keep = (g.transform("size") >= min_repeats).to_numpy()
     return it["time_s"].to_numpy()[keep] / g.transform("median").to_numpy()[keep]
+
+
+def repeated_split(it: pd.DataFrame, pred: np.ndarray, min_repeats: int = 5) -> dict[str, float]:
+    """Per-iteration error on the batches (all features equal) that ran at least ``min_repeats`` times, split in
+    two (%): ``repeated_noise``, their times around their own median (measurement noise), and
+    ``repeated_model_error``, the model against those medians; ``oracle_mape`` is the MAPE of a model that
+    predicted each such batch's own median exactly: the lowest iteration MAPE any model on these features could
+    score on this replay (a diagnostic; nothing is fitted on it). ``repeated_mape`` is the model's MAPE on the
+    same iterations, ``repeated_share`` their share of all."""
+    g = it.groupby(list(BatchFeatures._fields))["time_s"]
+    keep = (g.transform("size") >= min_repeats).to_numpy()
+    if not keep.any():
+        return {}
+    t, med, p = it["time_s"].to_numpy()[keep], g.transform("median").to_numpy()[keep], pred[keep]
+
+    def pct(a: np.ndarray, b: np.ndarray) -> float:
+        return float(np.mean(np.abs(a / b - 1.0)) * 100.0)
+
+    return {"repeated_share": float(keep.mean()), "repeated_mape": pct(p, t), "repeated_noise": pct(t, med),
+            "repeated_model_error": pct(p, med), "oracle_mape": pct(med, t)}
 
 
 class NoisySim(Simulator):
@@ -239,7 +260,8 @@ def compare(live: RecordingLive, sim: RecordingSim, spec: EngineSpec) -> dict[st
     out: dict[str, Any] = {"iterations_live": len(it), "iterations_sim": int(sum(i.iterations for i in sim.instances)),
                            "iteration_mape": float(ape.mean() * 100.0),
                            "iteration_bias": float((it["time_s"].sum() / pred.sum() - 1.0) * 100.0),
-                           "by_kind": by_kind(it, pred), **schedule_agreement(live.batches, sim.batches),
+                           "by_kind": by_kind(it, pred), **repeated_split(it, pred),
+                           **schedule_agreement(live.batches, sim.batches),
                            "_ape": ape, "_errs": errs}
     for m, e in errs.items():
         out[f"{m}_median_rel_err"] = float(np.median(e) * 100.0)
@@ -421,9 +443,10 @@ def main(argv: list[str] | None = None) -> int:
           + ", ".join(f"{k} {v:.1f}%" for k, v in noise.items()) + ")")
     cols = ["iteration_mape", "iteration_bias", "ttft_median_rel_err", "ttft_p90_rel_err", "tpot_median_rel_err",
             "tpot_p90_rel_err", "ttlt_median_rel_err", "ttlt_p90_rel_err", "attainment_live", "attainment_sim",
+            "oracle_mape", "repeated_noise", "repeated_model_error",
             "iterations_live",
             "iterations_sim", "first_divergent_batch", "makespan_live_s", "makespan_sim_s"]
-    table = pd.DataFrame({k: res["per_policy"][k] for k in per}).loc[cols]
+    table = pd.DataFrame({k: res["per_policy"][k] for k in per}).reindex(cols)
     print(table.to_string(float_format=lambda v: f"{v:.3f}"))
     print("(errors in %; pooled over policies: " + ", ".join(f"{k} {res[k]:.1f}" for k in
                                                           ("iteration_mape", "ttft_median_rel_err",

@@ -125,3 +125,23 @@ def test_fidelity_archs_build_their_model(tmp_path: Path) -> None:
     assert (conf["hidden_size"], conf["num_hidden_layers"], conf["num_attention_heads"]) == (
         arch["hidden"], arch["layers"], arch["heads"])
     assert model_hidden(model) == arch["hidden"]
+
+
+def test_repeated_split_separates_noise_from_model_error() -> None:
+    import numpy as np
+    import pandas as pd
+
+    from slogym.core.batch import BatchFeatures
+
+    a = BatchFeatures.build(decode_seqs=2, decode_tokens=2, decode_ctx=300)
+    b = BatchFeatures.build(prefill_tokens=64, prefill_seqs=1)
+    rows = [{k: int(v[0]) for k, v in f._asdict().items()} for f in [a] * 5 + [b]]
+    it = pd.DataFrame(rows).assign(time_s=[1.0, 1.0, 1.0, 1.2, 0.8, 3.0])
+    pred = np.array([1.1] * 5 + [9.0])  # the once-only batch's error must not count
+    out = _fidelity_module().repeated_split(it, pred)
+    assert out["repeated_share"] == pytest.approx(5 / 6)
+    assert out["repeated_noise"] == pytest.approx(100 * (0.2 + 0.2) / 5)  # around the median 1.0
+    assert out["repeated_model_error"] == pytest.approx(10.0)
+    assert out["oracle_mape"] == pytest.approx(100 * (1 / 0.8 - 1 + 1 - 1 / 1.2) / 5)
+    assert out["repeated_mape"] == pytest.approx(100 * np.mean(np.abs(1.1 / it["time_s"][:5] - 1)))
+    assert _fidelity_module().repeated_split(it.iloc[4:], pred[4:]) == {}  # nothing repeats 5 times
