@@ -188,16 +188,35 @@ def _user_scores_by_hand(sim):
         n += not w.best_effort[r]
     for g in np.unique(w.group[w.group >= 0]).tolist():
         calls = np.flatnonzero(w.group == g)
-        first = int(calls[0])
-        finish = math.inf if np.isnan(rs.finish[calls]).any() else float(rs.finish[calls].max())
-        ttlt = finish - float(w.arrival[first])
-        made = ttlt <= w.ttlt[first]
+        first = int(calls[np.argmin(w.arrival[calls])])
+        served = all(rec["outcome"][c] in ("finished", "best_effort") for c in calls.tolist())
+        ttlt = float(rs.finish[calls].max()) - float(w.arrival[first]) if served else math.inf
+        made = served and (w.best_effort[first] or ttlt <= w.ttlt[first] + 1e-9)
         tokens = sum(wi * w.input_tokens[c] + wo * rs.generated[c] for c in calls.tolist())
-        gain += tokens * min(1.0, w.ttlt[first] / ttlt)  # alpha = 1
+        gain += tokens * min(1.0, w.ttlt[first] / ttlt) if served else 0.0  # alpha = 1
         met += made
         met_scored += made and not w.best_effort[first]
         n += not w.best_effort[first]
     return gain, met, met_scored, n
+
+
+def test_a_collective_meets_its_slo_only_when_every_call_is_served_in_time():
+    """Collective 0: its short call finishes within the 1 s deadline, its 500-token call at ~5.6 s; collective
+    1: one call is too large for the KV and is dropped. Per call, half the calls met; per user request, none."""
+    reqs = [Request(0.0, [prefill(10, 10.0), decode(2, 1.0)], ttlt=1.0, group=0, group_stage=0),
+            Request(0.0, [prefill(10, 10.0), decode(500, 1.0)], ttlt=1.0, group=0, group_stage=0),
+            Request(0.0, [prefill(100, 10.0), decode(10, 1.0)], ttlt=100.0, group=1, group_stage=0),
+            Request(0.0, [prefill(30_000, 10.0), decode(10, 1.0)], ttlt=100.0, group=1, group_stage=0)]
+    sim, res = run(reqs)
+    s = res.summary
+    assert res.records["outcome"].tolist() == ["finished", "finished", "finished", "dropped"]
+    assert s["attainment"] == 0.5 and s["user_requests"] == 2 and s["user_attainment"] == 0.0
+    assert s["user_goodput"] == 0.0
+    wi, wo = sim.sg_weights
+    last = float(sim.rs.finish[1])
+    assert last > 1.0 > float(sim.rs.finish[0])
+    # Eq. 2 for collective 0 with its TTLT (alpha = 1); collective 1 gains nothing
+    assert s["user_service_gain"] == approx((wi * 20 + wo * 502) * 1.0 / last)
 
 
 @pytest.mark.parametrize("scenario", ["tempo-mix", "chatbot"])

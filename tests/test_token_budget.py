@@ -123,11 +123,32 @@ def test_sarathi_starts_a_prompt_only_when_all_of_it_fits() -> None:
     inst, I = _instance(3, np.random.default_rng(0))
     I[:, I_NT], I[:, I_NC], I[:, I_KV] = 1000, 0, 0
     bs = inst.block_size
-    inst.waiting = [0, 1, 2]
+    inst.waiting = [0, 2]
     inst.free_blocks = -(-1000 // bs) + int(0.01 * inst.total_blocks) - 1  # one block short of prompt + watermark
+    I[1, I_NT], I[1, I_NC], I[1, I_KV] = 11, 10, 1  # a decode runs (its next token needs no new block): the
+    inst.running = [1]                              # watermark binds while something runs
+    inst.running_changed()
     for whole, admitted in ((True, []), (False, [0])):
         batch = make_policy("sarathi", inst.engine, whole_prompt=whole).scheduler.next_batch(inst, 0.0)
-        assert (batch.req.tolist() if batch is not None else []) == admitted
+        assert [r for r in batch.req.tolist() if r != 1] == admitted
+    inst.free_blocks += 1  # exactly prompt + watermark
+    batch = make_policy("sarathi", inst.engine).scheduler.next_batch(inst, 0.0)
+    assert 0 in batch.req.tolist()
+
+
+@pytest.mark.parametrize("policy", ["vllm", "sarathi"])
+@pytest.mark.parametrize("pilot", [True, False])
+def test_a_prompt_that_fits_only_into_the_watermark_is_not_stranded(policy: str, pilot: bool) -> None:
+    """A prompt of 1,241 blocks on a 1,250-block instance fits the KV but not above the 12-block watermark: it
+    starts once nothing runs (else, at the head of the FCFS queue, it would strand the requests behind it)."""
+    from slogym.core.request import Request, decode, prefill
+
+    eng = ToyEngine()
+    reqs = [Request(0.0, [prefill(19_850, 10.0), decode(4, 1.0)])]
+    reqs += [Request(0.1 * i, [prefill(100, 10.0), decode(4, 1.0)]) for i in range(1, 6)]
+    sim = Simulator(Workload.from_requests(reqs), eng, make_policy(policy, eng), seed=0, pilot=pilot).run()
+    assert sim.instances[0].total_blocks == 1250 and -(-19_850 // 16) > 1250 - 12
+    assert sim.result().summary["outcomes"]["finished"] == 6
 
 
 def test_decode_batch_layout() -> None:

@@ -14,8 +14,10 @@ requests under memory pressure and then preempts more of them.
 
 Deviations: blocks are allocated chunk by chunk as the prefill computes them, and the whole-prompt reservation
 is checked at admission and within a batch only, so decode growth between chunks may still take blocks a running
-prefill will need (vLLM v0 allocates them at admission; either way KV shortage then preempts by recompute); the
-best-effort flag is ignored (FCFS knows no tiers).
+prefill will need (vLLM v0 allocates them at admission; either way KV shortage then preempts by recompute); a
+waiting request that still holds KV (back from a tool call) continues chunk by chunk without the check; the
+watermark is kept free only while the instance runs something, as in :mod:`slogym.baselines.vllm` (so no prompt
+that fits the KV is stranded); the best-effort flag is ignored (FCFS knows no tiers).
 """
 
 from __future__ import annotations
@@ -40,9 +42,12 @@ class SarathiScheduler(TokenBudgetScheduler):
         self.whole_prompt = whole_prompt
         self.watermark = watermark
 
-    def _floor(self, inst: Instance) -> int:
-        """Blocks a starting prompt must leave free (-1: no whole-prompt check)."""
+    def _watermark(self, inst: Instance) -> int:
+        """Blocks a starting prompt must leave free while requests run (-1: no whole-prompt check)."""
         return int(self.watermark * inst.total_blocks) if self.whole_prompt else -1
+
+    def _floor(self, inst: Instance) -> int:
+        return min(self._watermark(inst), 0) if not inst.running else self._watermark(inst)
 
     def next_batch(self, inst: Instance, now: float) -> Batch | None:
         dec, pre = split_running(inst)
@@ -71,4 +76,4 @@ class SarathiScheduler(TokenBudgetScheduler):
         """The compiled pilot's stall-free rule is this ``next_batch`` (a subclass that changes it opts out)."""
         if type(self).next_batch is not SarathiScheduler.next_batch:
             return None
-        return STALL_FREE, self.token_budget, self.max_num_seqs, self._floor(inst)
+        return STALL_FREE, self.token_budget, self.max_num_seqs, self._watermark(inst)

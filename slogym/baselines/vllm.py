@@ -7,7 +7,10 @@ running requests when KV blocks run out. Prefill-first maximizes throughput and 
 stalls decodes (large TPOT gaps) when prompts keep arriving -- the behaviour Sarathi-Serve fixes.
 
 Deviations: a prompt longer than ``max_num_batched_tokens`` is admitted alone rather than rejected (vLLM
-requires the budget to exceed the model length); the best-effort flag is ignored (FCFS knows no tiers).
+requires the budget to exceed the model length); the watermark is kept free only while the instance runs
+something, so a prompt that fits the KV but not above the watermark starts once the instance is empty (vLLM
+v0 would refuse it for good, ``AllocStatus.NEVER``; holding it at the head of the FCFS queue would strand every
+request behind it); the best-effort flag is ignored (FCFS knows no tiers).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ class VLLMScheduler(Scheduler):
         dec, pre = split_running(inst)
         arrival = inst.sim.w.arrival
         if inst.waiting or pre.size:
-            reserve = int(self.watermark * inst.total_blocks)
+            reserve = int(self.watermark * inst.total_blocks) if inst.running else 0
             cands = chain(pre.tolist(), inst.waiting)  # drawn lazily: the waiting queue may be long
             slots = self.max_num_seqs - dec.size
             reqs, toks, _, _ = fill_prefill_chunks(inst, cands, self.max_num_batched_tokens,

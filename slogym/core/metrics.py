@@ -126,8 +126,11 @@ def service_gain(sim: "Simulator", idx: np.ndarray | None = None) -> np.ndarray:
 def user_request_scores(sim: "Simulator", met: np.ndarray, gain: np.ndarray) -> dict[str, float]:
     """With each collective as one request (Tempo §3.1 Eq. 2; see the module docstring): the service gain, the
     requests meeting their SLO (``met``; best-effort ones count when served, as in ``goodput``), those of them
-    with an SLO (``met_scored``) and the requests with an SLO (``n``). ``met``/``gain``: per-call verdicts and
-    gains. A collective call never served makes its collective miss (TTLT infinite, gain 0)."""
+    with an SLO (``met_scored``) and the requests with an SLO (``n``); ``met``/``gain``: per-call verdicts and
+    gains. A collective arrives with its earliest call and takes that call's end-to-end deadline and best-effort
+    flag (the generators give every call of a group the same). It meets its SLO when every call was served
+    (finished or best-effort) and its last call finished within the deadline (the per-call verdicts' 1 ns
+    slack); its gain is Eq. 2 with that TTLT, and 0 when a call was not served (rejected, dropped, failed)."""
     w, rs = sim.w, sim.rs
     single = w.group < 0
     scored = ~w.best_effort
@@ -136,19 +139,24 @@ def user_request_scores(sim: "Simulator", met: np.ndarray, gain: np.ndarray) -> 
     calls = np.flatnonzero(~single)
     if not calls.size:
         return out
+    calls = calls[np.lexsort((w.arrival[calls], w.group[calls]))]  # by group, its earliest call first
+    new = np.r_[True, w.group[calls][1:] != w.group[calls][:-1]]
+    g = np.cumsum(new) - 1  # each call's group number
+    head = calls[new]
+    outcome = rs.outcome[calls]
+    all_served = np.bincount(g, (outcome != Outcome.FINISHED) & (outcome != Outcome.BEST_EFFORT),
+                             minlength=head.size) == 0
+    finish = np.full(head.size, -np.inf)
+    np.maximum.at(finish, g, rs.finish[calls])
     wi, wo = sim.sg_weights
-    _, first, g = np.unique(w.group[calls], return_index=True, return_inverse=True)  # first: the stage-0 call
-    finish = np.full(first.size, -np.inf)
-    np.maximum.at(finish, g, np.nan_to_num(rs.finish[calls], nan=np.inf))
-    tokens = np.bincount(g, wi * w.input_tokens[calls] + wo * rs.generated[calls], minlength=first.size)
-    head = calls[first]
-    ttlt, deadline = finish - w.arrival[head], w.ttlt[head]
-    made = ttlt <= deadline
+    tokens = np.bincount(g, wi * w.input_tokens[calls] + wo * rs.generated[calls], minlength=head.size)
+    ttlt, deadline, be = finish - w.arrival[head], w.ttlt[head], w.best_effort[head]
+    made = all_served & (be | (ttlt <= deadline + EPS))
     with np.errstate(divide="ignore", invalid="ignore"):
-        out["gain"] += float((tokens * sim._decay(deadline / ttlt)).sum())
+        out["gain"] += float(np.where(all_served, tokens * sim._decay(deadline / ttlt), 0.0).sum())
     out["met"] += int(made.sum())
-    out["met_scored"] += int((made & scored[head]).sum())
-    out["n"] += int(scored[head].sum())
+    out["met_scored"] += int((made & ~be).sum())
+    out["n"] += int((~be).sum())
     return out
 
 

@@ -297,6 +297,8 @@ def _form(I, arrival, running, n_run, cands, more_waiting, free, block_size, rul
     preempts first into ``vict`` (``pre``, ``scratch``: work rows). Returns (batch size, victims): an empty batch
     with no victims idles; size -1 means the Python scheduler must decide (it needs waiting requests beyond the
     head)."""
+    if n_run == 0 and reserve > 0:  # the watermark protects running requests only (see VLLMScheduler)
+        reserve = 0
     n_dec = 0
     n_pre = 0
     for j in range(n_run):  # decode-ready first (in running order), prefilling after (split_running)

@@ -94,7 +94,9 @@ class Scheduler(ABC):
 
     def pilot_rule(self, inst: "Instance") -> tuple[int, int, int, int] | None:
         """``(rule, token budget, max_num_seqs, watermark KV blocks)`` when ``next_batch`` is exactly one of the
-        compiled pilot's rules (``slogym.core.pilot``) on ``inst``, so the simulator may run its iterations
+        compiled pilot's rules (``slogym.core.pilot``; the watermark applies while the instance runs something:
+        PREFILL_FIRST admits whole prompts into the blocks above it, STALL_FREE starts a prompt only when all of it
+        fits above it, -1 turning that check off) on ``inst``, so the simulator may run its iterations
         compiled; None (the default) keeps every decision in ``next_batch``."""
         return None
 

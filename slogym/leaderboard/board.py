@@ -161,8 +161,8 @@ def markdown(df: pd.DataFrame, capacity: pd.DataFrame, cfg: BoardConfig, meta: d
         f"cluster-only baselines (P/D, tier pools) on {CLUSTER_SIZE} replicas. Bold marks the best one-replica row.",
         _md(_bold_best(cap)),
     ]
-    for metric, title, fmt in (("attainment", "Attainment at the default rate", "{:.3f}"),
-                               ("goodput", "Goodput at the default rate (req/s within SLO)", "{:.2f}"),
+    for metric, title, fmt in (("attainment", "Attainment at the default rate (each LLM call scored)", "{:.3f}"),
+                               ("goodput", "Goodput at the default rate (LLM calls/s within SLO)", "{:.2f}"),
                                ("user_service_gain_rate", "Tempo service gain per second at the default rate (Eq. 2; "
                                 "a collective request counts once)", "{:.0f}"),
                                ("sa_objective", "SA objective (attainment / mean latency) at the default rate",
