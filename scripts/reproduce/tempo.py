@@ -16,7 +16,9 @@ a collective is a request scored against the collective's end-to-end deadline) a
 a collective request is one request, Eq. 2 with the TTLT of its last call, as in the paper's 3:1:1 mix of
 request patterns). Then Tempo's ratios over vLLM / Sarathi / Autellix / Tempo-SJF (the §6.1 baselines) beside
 the paper's 1.3-8.3x (service gain) and 4.0-10.3x (goodput), Tempo / Tempo-Precise (Fig. 12), and the Fig. 15
-ablations (no graph matching, no prediction model) relative to Tempo.
+ablations (no graph matching, no prediction model) relative to Tempo, and ``no-predictor-mean``: the
+no-predictor ablation with the history-wide mean length instead of Tempo's quantile (its former definition; the
+paper does not say what replaces the model), a sensitivity row.
 Every Tempo variant is trained on a held-out seeded draw of the same workload (1500 user arrivals).
 """
 
