@@ -23,7 +23,11 @@ order, until one admits:
    best-effort pool; it is relabelled ``t``;
 4. otherwise the request pends (``DEFER``: the cluster's global queue, retried when a request finishes). Once its
    TTFT can no longer be met even by an idle server it is demoted to best effort (served last; it counts as an SLO
-   miss) rather than left pending forever.
+   miss) rather than left pending forever (the paper does not say; Deviation). Best-effort work belongs to the
+   best-effort pool (§4.3): it goes to a pool instance, else to the pending list, else to the loosest tier, and
+   within that group to the highest-load instance, so the tier's last instance can still empty and return to
+   the pool (:meth:`PolyServeRouter.best_effort_instance`); a demoted request's decode hand-off is routed as
+   best effort too.
 
 **Admission test (§4.5 profile-based batch formation, §4.6 wait time, §4.7 continuous chunked-prefill
 prediction).** Iteration time is predicted from a *profile table* (batch size x KV-cache size -> time; built by
@@ -39,9 +43,9 @@ chunk size the host can keep *for the whole prefill* is the token budget at ``kv
 shrunk so that the chunk's prefill attention over the past its last chunk attends fits too
 (:func:`polyserve_kernels.co_chunk`, the rule batch formation applies); the first token is predicted at ``wait +
 ceil((queued prefill tokens + prompt) / chunk)`` iterations (each timed with the chunk's attention over the
-prompt's mean past), where ``wait`` is the rest of the host's current iteration (§4.6), and must be before the
-TTFT deadline. Otherwise the
-router looks at other, lower-load machines (as the paper says).
+prompt's mean past), where ``wait`` is the rest of the host's current iteration (§4.6) and the queued prefill
+tokens are those of requests with an SLO (the scheduler runs best-effort prompts after them), and must be before
+the TTFT deadline. Otherwise the router looks at other, lower-load machines (as the paper says).
 
 **Disaggregated (PD) prefill (§4.2, §4.6, §4.7).** Prefill instances are shared by all tiers and run their queue
 in TTFT-deadline order with dynamic chunking (a remainder below twice the 1024-token budget finished at once). An
