@@ -30,7 +30,8 @@ batches), per-request TTFT / mean TPOT /
 TTLT relative error (median, p90), attainment live vs simulated, and where the live and simulated schedules
 first differ. ``--json`` prints one object: the pooled metrics at top level and ``per_policy``.
 
-    python scripts/fidelity.py --json                  # small model in .cache/small-llama, 300 requests at 3/s
+    python scripts/fidelity.py --json                  # medium model in .cache/medium-llama, 300 requests at 1.9/s
+    python scripts/fidelity.py --arch small --json     # the previous default (.cache/small-llama) at 3/s
     python scripts/fidelity.py --arch tiny --json      # the CI tests' tiny model (.cache/tiny-llama) at 8/s
     python scripts/fidelity.py --quick --requests 60 --json
 """
@@ -64,13 +65,17 @@ FAMILIES = ("phase-quadratic", "quadratic", "linear-interaction", "roofline", "t
 ARCHS: dict[str, dict[str, float]] = {
     "tiny": {"hidden": 128, "layers": 2, "heads": 4, "rate": 8.0, "ttft": 0.1, "tpot": 0.006},
     "small": {"hidden": 256, "layers": 4, "heads": 8, "rate": 3.0, "ttft": 0.25, "tpot": 0.015},
+    "medium": {"hidden": 512, "layers": 4, "heads": 16, "rate": 1.9, "ttft": 0.5, "tpot": 0.025},
 }
 """Random-weight Llama configs (``make_tiny_model``; head_dim 32) with the arrival rate and SLOs that load each
 about alike: the engine is busy ~2/3 of the replay (sum of live iteration times / makespan: 0.67 for ``tiny`` at 8
-req/s; ``small``'s replay takes 2.6x ``tiny``'s engine time, so 3 req/s and SLOs x2.5). ``small`` is the default: its
-steps do ~8x the arithmetic, so per-step overheads that batch features cannot see (vLLM's persistent-batch
+req/s; ``small``'s replay takes 2.6x ``tiny``'s engine time, so 3 req/s and SLOs x2.5). ``small`` (the default until
+2026-11-22) does ~8x ``tiny``'s arithmetic per step, so per-step overheads that batch features cannot see (vLLM's persistent-batch
 bookkeeping when requests leave and rejoin, the CPU's cache state after the previous step) and the machine's
-noise weigh less (docs/live_engine.md, "Model size"); the CI tests use ``tiny`` (faster)."""
+noise weigh less (docs/live_engine.md, "Model size"); the CI tests use ``tiny`` (faster). ``medium`` (hidden 512,
+~4x ``small``'s arithmetic per token, 43 MB of weights; the default) at 1.9 req/s is as busy as ``small`` at 3
+(0.64 against 0.65-0.67); its same-batch noise was about half of ``small``'s on the same day (4.0-4.9 % against
+8.6-9.9 %; docs/live_engine.md, "Model size"), at ~1.4x the run time (12-15 min)."""
 
 
 def trace_workload(n: int, rate: float, token_scale: float, max_prompt: int, max_out: int, ttft: float,
@@ -288,7 +293,7 @@ def pooled(per: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--arch", choices=tuple(ARCHS), default="small",
+    ap.add_argument("--arch", choices=tuple(ARCHS), default="medium",
                     help="random-weight model config (hidden, layers, heads) and its default rate and SLOs: "
                          + "; ".join(f"{k} {int(v['hidden'])}/{int(v['layers'])}/{int(v['heads'])}, {v['rate']:g} req/s, "
                                      f"TTFT {v['ttft']:g} s, TPOT {v['tpot']:g} s" for k, v in ARCHS.items()))
