@@ -13,7 +13,7 @@ from helpers import FF_FIELDS, assert_runs_equal, expected_compute, toy_engines,
 from slogym.baselines import make_policy
 from slogym.core.cluster import KVTransfer, cold_start_seconds, model_params_b
 from slogym.core.instance import InstanceState, Role
-from slogym.core.policy import Scaler, Scheduler, SingleOrRoundRobin
+from slogym.core.policy import DEFER, Scaler, Scheduler, SingleOrRoundRobin
 from slogym.core.request import INF, Request, StageKind, Workload, decode, external, prefill
 from slogym.core.simulator import Simulator
 from slogym.core.state import Outcome, Status
@@ -288,3 +288,27 @@ def test_preempted_request_does_not_starve_behind_waiting_kv_holders():
     sim = run_cluster(w, eng, "sarathi", (1, 1), 2, scale=True, cls=TracingSim)
     check_done(sim)
     assert int(sim.rs.n_preempt.sum()) > 0, "no preemption: the starvation path was not exercised"
+
+
+class OneAtATimeDecode(SingleOrRoundRobin):
+    """Admits a hand-off only onto an empty decode instance (a stand-in for a router whose decode admission
+    refuses while the instance is full, as PolyServe's may): the rest wait for a finish."""
+
+    def route_decode(self, req, sim, now):
+        free = [i for i in sim.accepting_instances(Role.DECODE)
+                if not (sim.instances[i].n_resident or sim.instances[i].n_incoming)]
+        return free[0] if free else DEFER
+
+
+@pytest.mark.parametrize("ff", [True, False])
+def test_deferred_hand_offs_are_retried_when_a_request_finishes(ff):
+    """On a fixed fleet no instance ever becomes ready: a hand-off the router defers must be offered again when
+    a request finishes (capacity freed), else it would wait until the run ends (``transfer_at_end``)."""
+    eng = ToyEngine()
+    pol = make_policy("vllm", eng, router=OneAtATimeDecode())
+    sim = Simulator(_chat(8, gap=0.001, o=30), eng, pol, pd=(1, 1), transfer=XFER, seed=0, fast_forward=ff).run()
+    check_done(sim)
+    assert sim.dropped_reasons == {} and sim.kv_transfers == 8
+    dec = [e for e in sim.events if e[1] == "kv_transfer"]
+    fin = np.sort(sim.rs.finish)
+    assert all(t >= f for (t, *_), f in zip(dec[1:], fin[:-1]))  # each transfer after the previous finish

@@ -305,12 +305,15 @@ class Simulator:
         if inst.state == InstanceState.STARTING:
             inst.state = InstanceState.ACTIVE
             self.log_event(t, "instance_ready", -1, i)
-        if self._handoff_wait:
-            wait, self._handoff_wait = self._handoff_wait, []
-            for r in wait:
-                yield from self._send_kv(r, t)
+        yield from self._retry_handoffs(t)
         if self.global_queue:
             yield from self._retry_queue(t)
+
+    def _retry_handoffs(self, t: float) -> _Gen:
+        """Ask the router again for the decode instance of each prefilled request waiting for one."""
+        wait, self._handoff_wait = self._handoff_wait, []
+        for r in wait:
+            yield from self._send_kv(r, t)
 
     # ================================================================== state
     def _reset_state(self) -> None:
@@ -624,7 +627,7 @@ class Simulator:
         h = self.w.arrival[self._na] if arrivals and self._na < len(self.w) else INF
         if self._glob:
             h = min(h, self._glob[0][0])
-        if self._iter and (self.policy.router.coupled or self.global_queue or self._held):
+        if self._iter and (self.policy.router.coupled or self.global_queue or self._held or self._handoff_wait):
             # another instance's iteration end may finish a request that wakes one for this instance
             h = min(h, self._iter[0][0])
         elif self._pd and self._iter:
@@ -650,7 +653,7 @@ class Simulator:
         # a finish frees KV and budget: only the rule's whole input (every running request, nothing waiting)
         # guarantees the next batch is the rest of this one
         through = (self.policy.scheduler.steady_through_finish and not inst.waiting and not self.global_queue
-                   and idx.size == len(inst.running))
+                   and not self._handoff_wait and idx.size == len(inst.running))
         k_cap = int((horizon - t) / inst.last_dt) + 2 if horizon < INF else _FF_MAX
         is_dec = np.empty(idx.size, np.bool_)
         q_max, left = np.empty(idx.size, np.int64), np.empty(idx.size, np.int64)
@@ -746,8 +749,8 @@ class Simulator:
         router = self.policy.router
         # arrivals are placed by the pilot too when the router would send every one here
         absorb = not (self.agent_route or self.global_queue) and router.pilot_target(self) == inst.id
-        ints[:11] = (len(waiting) > _PILOT_HEAD, bool(self.global_queue), inst.free_blocks, inst.block_size, inst.id,
-                     self._na, inst.total_blocks * inst.block_size if absorb else 0, *rule)
+        ints[:11] = (len(waiting) > _PILOT_HEAD, bool(self.global_queue or self._handoff_wait), inst.free_blocks,
+                     inst.block_size, inst.id, self._na, inst.total_blocks * inst.block_size if absorb else 0, *rule)
         x[:3] = (t, self._ff_horizon(arrivals=not absorb), inst.busy_time)
         pilot.run_instance(*self._pilot_args, idx, tok, inst.running_array(), head, ints, x, inst.time_coef, work,
                            ev_t)
@@ -1071,8 +1074,11 @@ class Simulator:
         g = int(self.w.group[r])
         if g >= 0:
             self._group_progress(g, int(self.w.group_stage[r]), t)
-        if self.global_queue and outcome in (_FINISHED, _BEST_EFFORT):
-            yield from self._retry_queue(t)
+        if outcome in (_FINISHED, _BEST_EFFORT):  # capacity freed: what waits for it may now be placed
+            if self._handoff_wait:
+                yield from self._retry_handoffs(t)
+            if self.global_queue:
+                yield from self._retry_queue(t)
 
     def _group_progress(self, g: int, s: int, t: float) -> None:
         """A request of group ``g``'s stage ``s`` is done; release the next stage once this one is empty."""
