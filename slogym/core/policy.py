@@ -10,7 +10,7 @@ Baselines implement the pieces their paper has; the simulator calls them at thes
   :class:`~slogym.core.batch.Batch` or ``None`` to idle until the next event that reaches the instance.
 * ``Router.route_decode(req, sim, now)`` when a request's prefill completes on a PREFILL instance: the
   DECODE instance its KV moves to (default: the accepting one with the most free KV blocks), or DEFER
-  (keep the KV where it is and ask again when an instance becomes ready).
+  (keep the KV where it is and ask again when an instance becomes ready or a request finishes).
 * ``Scaler.decide(sim, now)`` every ``Scaler.interval`` seconds: cluster-shape changes through
   ``sim.add_instance``, ``drain_instance``, ``switch_role``, ``set_pool`` (docs/cluster.md).
 
