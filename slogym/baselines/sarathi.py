@@ -47,7 +47,9 @@ class SarathiScheduler(TokenBudgetScheduler):
         return int(self.watermark * inst.total_blocks) if self.whole_prompt else -1
 
     def _floor(self, inst: Instance) -> int:
-        return min(self._watermark(inst), 0) if not inst.running else self._watermark(inst)
+        """The watermark while requests run; with none, a prompt that fits the free blocks starts (0)."""
+        w = self._watermark(inst)
+        return w if inst.running or w < 0 else 0
 
     def next_batch(self, inst: Instance, now: float) -> Batch | None:
         dec, pre = split_running(inst)
