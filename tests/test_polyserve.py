@@ -91,16 +91,21 @@ def _bound(n_inst: int, w: Workload, name: str = "polyserve-co") -> tuple[Simula
     return sim, pol
 
 
+def _tier0(n_inst: int, w: Workload) -> tuple[Simulator, object, object]:
+    """:func:`_bound` with every instance labelled to the tightest tier: (simulator, fleet, router)."""
+    sim, pol = _bound(n_inst, w)
+    for j in range(n_inst):
+        pol.router.core.fleet.relabel(j, 0, 0.0)
+    return sim, pol.router.core.fleet, pol.router
+
+
 def _chat_workload(n: int, prompt: int = 200, ttft: float = 1.0, tpot: float = 0.05) -> Workload:
     return Workload.from_requests([Request(0.0, [prefill(prompt, ttft), decode(100, tpot)]) for _ in range(n)])
 
 
 def test_load_gradient_picks_highest_load_attainable_instance() -> None:
     w = _chat_workload(400)
-    sim, pol = _bound(4, w)
-    fleet, router = pol.router.core.fleet, pol.router
-    for j in range(4):
-        fleet.relabel(j, 0, 0.0)
+    sim, fleet, router = _tier0(4, w)
     # instance loads: 0 empty, 1 light, 2 heavier, 3 heaviest but over its KV capacity once the request joins
     nxt = iter(range(1, 400))
     for j, (count, ctx) in enumerate([(0, 0), (10, 300), (40, 300), (60, 14_100)]):
@@ -112,18 +117,13 @@ def test_load_gradient_picks_highest_load_attainable_instance() -> None:
     assert v.kv_peak[3] > fleet.cap[3] and np.argmax(v.load) == 3
     assert router.route(0, sim, 0.0) == 2  # the highest load among the attainable ones
     # ties go to the first instance of the gradient
-    sim2, pol2 = _bound(3, w)
-    for k in range(3):
-        pol2.router.core.fleet.relabel(k, 0, 0.0)
-    assert pol2.router.route(0, sim2, 0.0) == 0
+    sim2, _, router2 = _tier0(3, w)
+    assert router2.route(0, sim2, 0.0) == 0
 
 
 def test_admission_counts_the_wait_for_the_current_iteration() -> None:
     w = _chat_workload(100, prompt=2000, ttft=0.3, tpot=0.1)
-    sim, pol = _bound(2, w)
-    fleet, router = pol.router.core.fleet, pol.router
-    for j in range(2):
-        fleet.relabel(j, 0, 0.0)
+    sim, fleet, router = _tier0(2, w)
     for r in range(1, 21):
         fleet.place(0, r, 500, 0)   # instance 0: higher load ...
     for r in range(21, 26):
@@ -143,10 +143,7 @@ def test_ttft_prediction_waits_for_queued_slo_prompts_not_best_effort_ones() -> 
     """The scheduler runs demoted / best-effort prompts after every SLO prompt (deadline order), so a new SLO
     prompt waits only for the SLO prompts queued ahead (§4.7, ``Fleet.q_slo``)."""
     w = _chat_workload(20, prompt=3000, ttft=0.15, tpot=0.05)
-    sim, pol = _bound(3, w)
-    fleet, router = pol.router.core.fleet, pol.router
-    for j in range(3):
-        fleet.relabel(j, 0, 0.0)
+    sim, fleet, router = _tier0(3, w)
     sim.rs.be[2] = True
     fleet.place(1, 1, 3000, 3000)   # instance 1: an SLO prompt of 3000 tokens to prefill
     fleet.place(2, 2, 3000, 3000)   # instance 2: the same prompt, demoted to best effort
@@ -163,10 +160,7 @@ def test_demoted_requests_keep_the_load_gradient() -> None:
     """Best effort runs in the pool; without one (on the loosest tier) it goes to the highest-load instance, so
     the tier's last, least-loaded instance can empty and return to the pool (§4.3)."""
     w = _chat_workload(40, prompt=200, ttft=1.0, tpot=0.05)
-    sim, pol = _bound(3, w)
-    fleet, router = pol.router.core.fleet, pol.router
-    for j in range(3):
-        fleet.relabel(j, 0, 0.0)
+    sim, fleet, router = _tier0(3, w)
     for r in range(1, 11):
         fleet.place(1, r, 500, 0)   # instance 1: the head of the gradient
     fleet.place(2, 11, 500, 0)      # instance 2: the tail, nearly empty
