@@ -63,13 +63,6 @@ def _remove(running: np.ndarray, n_run: int, r: int) -> int:
     return n_run - 1
 
 
-# layout of run_instance's in/out vectors and work tables
-IN_MORE, IN_HAND, IN_FREE, IN_BLOCK, IN_INST, IN_NA, IN_ABSORB, IN_RULE, IN_BUDGET, IN_SEQS, IN_RESERVE = range(11)
-OUT_CODE, OUT_M, OUT_NRUN, OUT_NWAIT, OUT_DONE, OUT_FREE, OUT_ITERS, OUT_TOKENS, OUT_NEV, OUT_NA, OUT_NAPP = \
-    range(11, 22)
-N_INTS = 22
-X_T, X_HORIZON, X_BUSY, X_WIN, X_ALPHA, X_NOTPOT, X_TEND, X_LASTDT = range(8)  # floats (in, and out: t, busy, ...)
-N_FLOATS = 8
 # rows of the int64 work table: running set, finished, batch, its tokens and blocks, stage ends, prefills caught
 # up, zeros (no drafts), the waiting head, victims, preemption log (request, tokens thrown away), arrivals
 # appended behind the waiting head
@@ -80,25 +73,28 @@ N_ROWS = 13
 @njit(**_JIT)
 def run_instance(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_token, stage_t0, mean_slack,
                  outcome, finish, be, recomputed, n_preempt, simple, arrival, group, max_ctx, instance, stage_ptr,
-                 is_dec_stage, stage_ttft, stage_tokens, stage_tpot, idx, tok, running, head, ints, x, coef, work,
-                 ev_t) -> None:
-    """End the batch ``idx``/``tok`` in flight at ``x[X_T]`` and run the instance until the next iteration would
-    end at or after ``x[X_HORIZON]``, or until the Python path must take over (scalars travel in ``ints``/``x``
-    to keep the call cheap: a compiled call costs ~0.2 us per argument).
+                 is_dec_stage, stage_ttft, stage_tokens, stage_tpot, w_in, alpha, no_tpot, idx, tok, running, head,
+                 work, ev_t, coef, more_waiting, hand_finishes, free, block_size, inst_id, na, absorb_cap, rule, budget,
+                 max_seqs, reserve, t, horizon, busy_time):
+    """End the batch ``idx``/``tok`` in flight at ``t`` and run the instance until the next iteration would end at
+    or after ``horizon``, or until the Python path must take over. Scalars travel as arguments (a compiled call
+    unboxes a Python int or float in ~35 ns, far less than writing it into an array first).
 
-    ``running`` is the running set in order; ``head`` the first waiting requests (``ints[IN_MORE]``: the queue is
+    ``running`` is the running set in order; ``head`` the first waiting requests (``more_waiting``: the queue is
     longer). Stage ends are applied here only for ``simple`` requests ending their last stage (a plain prompt +
-    decode outside any group) and when not ``ints[IN_HAND]`` (a finish must wake the cluster's global queue); any
+    decode outside any group) and when not ``hand_finishes`` (a finish must wake the cluster's global queue); any
     other makes the iteration end with ``TRANSITIONS`` (the stage ends in ``work[W_FIN, :m]``). With
-    ``ints[IN_ABSORB]`` (the instance's KV capacity in tokens; 0 = off) it also places the arrivals from
-    ``ints[IN_NA]`` on, which the router would send here whatever they are, until one is a group member or too
-    large for the instance (the simulator's to route or drop); the horizon then excludes arrivals.
-    Writes ``ints[OUT_*]``: the code, m, the running count (``work[W_RUN]``), the new waiting head's length
-    (``work[W_WAIT]``: it replaces ``head``), requests finished (``work[W_DONE]``, in order), free KV blocks,
-    iterations ended, tokens computed, preemptions (``ev_t``, ``work[W_EVR]``, ``work[W_EVNC]``), the next
-    arrival, arrivals appended behind the head (``work[W_APP]``); and ``x[X_T]``
-    (the time it stopped at), ``x[X_TEND]``, ``x[X_BUSY]``, ``x[X_LASTDT]``. With ``LAUNCHED`` the batch
-    ``work[W_REQ, :m]``/``work[W_TOK, :m]`` is in flight from ``x[X_T]`` to ``x[X_TEND]``.
+    ``absorb_cap`` (the instance's KV capacity in tokens; 0 = off) it also places the arrivals from ``na`` on,
+    which the router would send here whatever they are, until one is a group member or too large for the instance
+    (the simulator's to route or drop); the horizon then excludes arrivals.
+
+    Returns ``(code, t, t_end, m, n_run, n_wait, n_done, free, iterations, tokens, busy_time, last_dt, n_events,
+    na, n_appended, running_changed, same_batch)``: the time it stopped at, the running count (``work[W_RUN]``),
+    the new waiting head's length (``work[W_WAIT]``: it replaces ``head``), requests finished (``work[W_DONE]``,
+    in order), free KV blocks, iterations ended, tokens computed, preemptions (``ev_t``, ``work[W_EVR]``,
+    ``work[W_EVNC]``), the next arrival, arrivals appended behind the head (``work[W_APP]``), whether the running
+    set differs from ``running``, and whether the launched batch is ``idx``/``tok`` again. With ``LAUNCHED`` the
+    batch ``work[W_REQ, :m]``/``work[W_TOK, :m]`` is in flight from ``t`` to ``t_end``.
     """
     run = work[W_RUN]
     run[:running.size] = running
@@ -106,26 +102,17 @@ def run_instance(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in,
     wq[:head.size] = head
     out = _run(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_token, stage_t0, mean_slack,
                outcome, finish, be, recomputed, n_preempt, simple, arrival, group, max_ctx, instance, stage_ptr,
-               is_dec_stage, stage_ttft, stage_tokens, stage_tpot, x[X_WIN], x[X_ALPHA], x[X_NOTPOT], idx, tok, run,
-               running.size, wq, head.size, ints[IN_MORE] != 0, ints[IN_HAND] != 0, ints[IN_FREE], ints[IN_BLOCK],
-               ints[IN_INST], ints[IN_RULE], ints[IN_BUDGET], ints[IN_SEQS], ints[IN_RESERVE], ints[IN_NA],
-               ints[IN_ABSORB], coef, x[X_T], x[X_HORIZON], x[X_BUSY], work, ev_t)
-    code, t, t_end, m, n_run, n_wq, n_done, free, iters, tokens, busy, last_dt, n_ev, na, n_app = out
-    ints[OUT_CODE] = code
-    ints[OUT_M] = m
-    ints[OUT_NRUN] = n_run
-    ints[OUT_NWAIT] = n_wq
-    ints[OUT_DONE] = n_done
-    ints[OUT_FREE] = free
-    ints[OUT_ITERS] = iters
-    ints[OUT_TOKENS] = tokens
-    ints[OUT_NEV] = n_ev
-    ints[OUT_NA] = na
-    ints[OUT_NAPP] = n_app
-    x[X_T] = t
-    x[X_TEND] = t_end
-    x[X_BUSY] = busy
-    x[X_LASTDT] = last_dt
+               is_dec_stage, stage_ttft, stage_tokens, stage_tpot, w_in, alpha, no_tpot, idx, tok, run,
+               running.size, wq, head.size, more_waiting, hand_finishes, free, block_size, inst_id, rule, budget,
+               max_seqs, reserve, na, absorb_cap, coef, t, horizon, busy_time, work, ev_t)
+    m = out[3]
+    same = out[0] == LAUNCHED and m == idx.size
+    if same:
+        for j in range(m):
+            if work[W_REQ, j] != idx[j] or work[W_TOK, j] != tok[j]:
+                same = False
+                break
+    return out + (same,)
 
 
 @njit(**_JIT)
@@ -135,12 +122,13 @@ def _run(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_t
          more_waiting, hand_finishes, free, block_size, inst_id, rule, budget, max_seqs, reserve, na, absorb_cap, coef,
          t, horizon, busy_time, work, ev_t):
     """:func:`run_instance`'s event loop; returns ``(code, t, t_end, m, n_run, n_wq, n_done, free, iterations,
-    tokens, busy_time, last_dt, n_events, na, n_appended)``. With ``absorb_cap`` (the instance's KV capacity in
+    tokens, busy_time, last_dt, n_events, na, n_appended, running_changed)``. With ``absorb_cap`` (the instance's KV capacity in
     tokens; 0 = off) it also takes the arrivals from ``na`` on that the router sends here whatever they are."""
     done, req, rtok, blocks = work[W_DONE], work[W_REQ], work[W_TOK], work[W_BLOCKS]
     buf1, buf2, no_spec, vict, app = work[W_FIN], work[W_PRE], work[W_ZERO], work[W_VICT], work[W_APP]
     n_done = iters = tokens = n_ev = n_app = m = 0
     last_dt = 0.0
+    run_chg = False  # the running set changed (a finish, a preemption, an admission)
     t_end = t  # the batch idx/tok in flight ends now
     in_flight = True
     while True:
@@ -155,7 +143,7 @@ def _run(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_t
         if in_flight and t_end <= ta:
             if iters and not t_end < horizon:
                 return LAUNCHED, t, t_end, m, n_run, n_wq, n_done, free, iters, tokens, busy_time, last_dt, n_ev, \
-                    na, n_app
+                    na, n_app, run_chg
             t = t_end
             in_flight = False
             computed, n_tr = _end_iteration(F, I, stage, ready, ttft_slack, sg_in, first_token, stage_t0, stage_ptr,
@@ -165,7 +153,7 @@ def _run(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_t
             tokens += computed
             if n_tr and (hand_finishes or not _all_simple(simple, buf1, n_tr)):
                 return TRANSITIONS, t, t, n_tr, n_run, n_wq, n_done, free, iters, tokens, busy_time, last_dt, \
-                    n_ev, na, n_app
+                    n_ev, na, n_app, run_chg
             for k in range(n_tr):  # each ends its last stage (a plain request): _end_decode_stage, then _done
                 r = buf1[k]
                 gaps = I[r, I_SLEN] - 1
@@ -173,6 +161,7 @@ def _run(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_t
                     mean_slack[r] = kernels._pymin(mean_slack[r], F[r, F_TPOT] - (t - stage_t0[r]) / gaps)
                 free += _release(I, running, n_run, r)
                 n_run -= 1
+                run_chg = True
                 status[r] = _DONE
                 outcome[r] = _BEST_EFFORT if be[r] else _FINISHED
                 finish[r] = t
@@ -197,21 +186,21 @@ def _run(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_t
                 continue
         else:
             return (LAUNCHED if in_flight else IDLE), t, t_end, m, n_run, n_wq, n_done, free, iters, tokens, \
-                busy_time, last_dt, n_ev, na, n_app
+                busy_time, last_dt, n_ev, na, n_app, run_chg
         # ---- the instance is free at t: the next batch (the scheduler's rule; Simulator._schedule)
         while True:
             if n_run == 0 and n_wq == 0:
                 m = 0
                 if more_waiting:
                     return SCHEDULE, t, t, 0, n_run, n_wq, n_done, free, iters, tokens, busy_time, last_dt, n_ev, \
-                        na, n_app
+                        na, n_app, run_chg
                 break
             # buf2 and blocks serve as _form's scratch: both are rewritten only after it (end, batch features)
             m, n_vict = _form(I, arrival, running, n_run, wq[:n_wq], more_waiting, free, block_size, rule, budget,
                               max_seqs, reserve, req, rtok, vict, buf2, blocks)
             if m < 0 or n_ev + n_vict > ev_t.size:
                 return SCHEDULE, t, t, 0, n_run, n_wq, n_done, free, iters, tokens, busy_time, last_dt, n_ev, \
-                    na, n_app
+                    na, n_app, run_chg
             for k in range(n_vict):  # Simulator._preempt: recompute later, back to the front of the queue
                 v = vict[k]
                 recomputed[v] += I[v, I_NC]
@@ -222,6 +211,7 @@ def _run(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_t
                 n_ev += 1
                 free += _release(I, running, n_run, v)
                 n_run -= 1
+                run_chg = True
                 status[v] = _WAITING
                 I[v, I_SLOT] = inst_id
                 for j in range(n_wq, 0, -1):
@@ -237,7 +227,8 @@ def _run(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_t
             I, b_req, b_tok, no_spec[:m], block_size, blocks)
         dt = analytic_time(p_tok, p_n, p_attn, d_n, d_tok, d_ctx, coef)
         if total > free or not dt > 0.0:
-            return SCHEDULE, t, t, 0, n_run, n_wq, n_done, free, iters, tokens, busy_time, last_dt, n_ev, na, n_app
+            return SCHEDULE, t, t, 0, n_run, n_wq, n_done, free, iters, tokens, busy_time, last_dt, n_ev, na, \
+                n_app, run_chg
         # ---- launch (Simulator._launch / _admit): the admitted requests were a prefix of the waiting queue
         # when the batch was formed; this round's victims went in front of them since
         n_adm = 0
@@ -252,6 +243,7 @@ def _run(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_t
                 n_run += 1
                 n_adm += 1
         if n_adm:
+            run_chg = True
             n_wq -= n_adm
             for j in range(n_vict, n_wq):
                 wq[j] = wq[j + n_adm]

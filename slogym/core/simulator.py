@@ -50,6 +50,7 @@ _FINISHED, _BEST_EFFORT = int(Outcome.FINISHED), int(Outcome.BEST_EFFORT)
 _FF_MAX = 4096
 _PILOT_HEAD = 64  # waiting requests the pilot sees; it hands back to Python when it would need more
 _NONE = np.zeros(0, np.int64)
+_NO_PILOT = -1  # Simulator._pilot: the compiled pilot does not apply
 _PILOT_REPLACES = ("on_kv_freed", "on_request_placed", "log_event", "_on_arrival", "_begin", "_route", "_place",
                    "_enqueue", "_dequeue", "_schedule", "_apply_side_actions", "_preempt", "_release", "_drop_kv",
                    "_launch", "_admit", "_transition", "_end_decode_stage", "_next_stage_after", "_done")
@@ -345,14 +346,12 @@ class Simulator:
         self._no_spec = np.zeros(len(w), np.int64)
         work = np.empty((pilot.N_ROWS, len(w) + _PILOT_HEAD), np.int64)  # rows: pilot.W_*
         work[pilot.W_ZERO] = 0
-        x = np.zeros(pilot.N_FLOATS)
-        x[pilot.X_WIN], x[pilot.X_ALPHA], x[pilot.X_NOTPOT] = self.sg_weights[0], self.sg_alpha, NO_TPOT
-        self._pilot_io = (np.zeros(pilot.N_INTS, np.int64), x, work, np.empty(len(w)))
+        self._pilot_io = (work, np.empty(len(w)))
         # largest context a request reaches: all its prefill and decode tokens (KV kept across stages)
         tok = np.where(w.stage_kind != _EXTERNAL, w.stage_tokens, 0)
         c = np.concatenate(([0], np.cumsum(tok)))
         self._max_ctx = c[w.stage_ptr[1:]] - c[w.stage_ptr[:-1]]
-        self._pilot_args = self._pilot_tables()
+        self._pilot_args = self._pilot_tables() + (float(self.sg_weights[0]), float(self.sg_alpha), NO_TPOT)
         self._groups: dict[tuple[int, int], int] = {}
         self._held: dict[tuple[int, int], list[int]] = {}
         for g, s in zip(w.group[w.group >= 0].tolist(), w.group_stage[w.group >= 0].tolist()):
@@ -381,7 +380,12 @@ class Simulator:
             if ti <= tg and ti <= ta and ti < INF:
                 t, _, i = heapq.heappop(it)
                 self.now = t
-                yield from self._on_iteration_done(self.instances[i], t)
+                inst = self.instances[i]
+                code = self._pilot(inst, t) if self._pilot_on else _NO_PILOT
+                if code == _NO_PILOT:
+                    yield from self._on_iteration_done(inst, t)
+                elif code != pilot.LAUNCHED and code != pilot.IDLE:
+                    yield from self._pilot_handback(inst, code)
             elif tg <= ta and tg < INF:
                 t, _, kind, payload = heapq.heappop(gl)
                 self.now = t
@@ -733,33 +737,35 @@ class Simulator:
                 simple, w.arrival, w.group, self._max_ctx, rs.instance, w.stage_ptr, self._is_dec_stage, w.stage_ttft,
                 w.stage_tokens, w.stage_tpot)
 
-    def _pilot(self, inst: Instance, t: float) -> _Gen:
+    def _pilot(self, inst: Instance, t: float) -> int:
         """End ``inst``'s iteration at ``t`` and run it up to the next event with the compiled pilot when its
-        scheduler and perf model have compiled forms; returns False (nothing done) when it does not apply."""
+        scheduler and perf model have compiled forms. Returns the pilot's code (``pilot.LAUNCHED`` / ``IDLE``:
+        nothing left to do; ``TRANSITIONS`` / ``SCHEDULE``: :meth:`_pilot_handback` finishes the iteration end at
+        ``self.now``), or ``_NO_PILOT`` (nothing done) when it does not apply. A plain function, not a generator:
+        the common case, a launch, costs no generator frame."""
         idx, tok, spec = inst.inflight
         if (inst.time_coef is None or spec is not None or inst.role != Role.COLOCATED or self._lifecycle
                 or inst.n_waiting_kv):
-            return False
+            return _NO_PILOT
         rule = self.policy.scheduler.pilot_rule(inst)
         if rule is None:
-            return False
-        ints, x, work, ev_t = self._pilot_io
+            return _NO_PILOT
+        work, ev_t = self._pilot_io
         waiting = inst.waiting
         head = np.array(waiting[:_PILOT_HEAD], np.int64) if waiting else _NONE
         router = self.policy.router
         # arrivals are placed by the pilot too when the router would send every one here
         absorb = not (self.agent_route or self.global_queue) and router.pilot_target(self) == inst.id
-        ints[:11] = (len(waiting) > _PILOT_HEAD, bool(self.global_queue or self._handoff_wait), inst.free_blocks,
-                     inst.block_size, inst.id, self._na, inst.total_blocks * inst.block_size if absorb else 0, *rule)
-        x[:3] = (t, self._ff_horizon(arrivals=not absorb), inst.busy_time)
-        pilot.run_instance(*self._pilot_args, idx, tok, inst.running_array(), head, ints, x, inst.time_coef, work,
-                           ev_t)
-        code, m, n_run, n_wait, n_done, inst.free_blocks, iters, tokens, n_ev, na, n_app = ints[11:].tolist()
+        (code, t, t_end, m, n_run, n_wait, n_done, inst.free_blocks, iters, tokens, busy, last_dt, n_ev, na, n_app,
+         run_changed, same) = pilot.run_instance(
+            *self._pilot_args, idx, tok, inst.running_array(), head, work, ev_t, inst.time_coef,
+            len(waiting) > _PILOT_HEAD, bool(self.global_queue or self._handoff_wait), inst.free_blocks,
+            inst.block_size, inst.id, self._na, inst.total_blocks * inst.block_size if absorb else 0, *rule, t,
+            self._ff_horizon(arrivals=not absorb), inst.busy_time)
         if na != self._na:
             router.pilot_routed(na - self._na)
             self.pilot_arrivals += na - self._na
             self._na = na
-        t, busy, t_end, last_dt = x[pilot.X_T], x[pilot.X_BUSY], x[pilot.X_TEND], x[pilot.X_LASTDT]
         inst.inflight = None
         inst.iterations += iters
         self.pilot_iterations += iters
@@ -769,28 +775,39 @@ class Simulator:
             waiting[:head.size] = work[pilot.W_WAIT, :n_wait].tolist()
         if n_app:
             waiting.extend(work[pilot.W_APP, :n_app].tolist())
-        inst.set_running(work[pilot.W_RUN, :n_run])
+        if run_changed:
+            inst.set_running(work[pilot.W_RUN, :n_run])
         if n_done:
             self._pilot_done(work[pilot.W_DONE, :n_done].tolist())
         if n_ev:
             self.events.extend((te, "preempt", r, inst.id, nc) for te, r, nc in zip(
                 ev_t[:n_ev].tolist(), work[pilot.W_EVR, :n_ev].tolist(), work[pilot.W_EVNC, :n_ev].tolist()))
         self.now = t
-        if code == pilot.TRANSITIONS:  # the rest of _on_iteration_done, in Python
-            for r in work[pilot.W_FIN, :m].tolist():
-                yield from self._transition(r, t)
-        inst.busy = False
-        if code == pilot.LAUNCHED:
+        if code == pilot.LAUNCHED:  # still busy, with the next batch
             inst.last_dt = last_dt
-            inst.busy = True
-            inst.inflight = (work[pilot.W_REQ, :m].copy(), work[pilot.W_TOK, :m].copy(), None)
+            inst.inflight = (idx, tok, None) if same else (work[pilot.W_REQ, :m].copy(), work[pilot.W_TOK, :m].copy(),
+                                                           None)
             self._seq += 1
             heapq.heappush(self._iter, (t_end, self._seq, inst.id))
-        elif iters > 1:
+            return code
+        if iters > 1:
             inst.last_dt = last_dt
-        if code != pilot.LAUNCHED and code != pilot.IDLE and inst.n_resident:
+        if code == pilot.TRANSITIONS:  # busy until _pilot_handback has applied them
+            self._pilot_fin = work[pilot.W_FIN, :m].tolist()
+        else:
+            inst.busy = False
+        return code
+
+    def _pilot_handback(self, inst: Instance, code: int) -> _Gen:
+        """The rest of an iteration end the pilot handed back at ``self.now``, in Python: the stage ends it left
+        (``TRANSITIONS``), then the scheduler."""
+        t = self.now
+        if code == pilot.TRANSITIONS:
+            for r in self._pilot_fin:
+                yield from self._transition(r, t)
+            inst.busy = False
+        if inst.n_resident:
             yield from self._schedule(inst, t)
-        return True
 
     def _pilot_done(self, done: list[int]) -> None:
         """Bookkeeping of requests the pilot finished (their outcomes are already written)."""
@@ -803,8 +820,6 @@ class Simulator:
 
     # ================================================================== iteration end: token accounting
     def _on_iteration_done(self, inst: Instance, t: float) -> _Gen:
-        if self._pilot_on and (yield from self._pilot(inst, t)):
-            return
         idx, tok, spec = inst.inflight
         inst.inflight = None
         inst.iterations += 1
