@@ -61,7 +61,7 @@ from slogym.engines.profiler import ProfileGrid, aggregate, noise_pct, profile, 
 
 ROOT = Path(__file__).resolve().parents[1]
 AZURE = ROOT.parent / "shared" / "traces" / "azure_conv_2023.csv.gz"
-FAMILIES = ("phase-quadratic", "quadratic", "linear-interaction", "roofline", "table")
+FAMILIES = ("phase-quadratic-pwl", "phase-quadratic", "quadratic", "linear-interaction", "roofline", "table")
 ARCHS: dict[str, dict[str, float]] = {
     "tiny": {"hidden": 128, "layers": 2, "heads": 4, "rate": 8.0, "ttft": 0.1, "tpot": 0.006},
     "small": {"hidden": 256, "layers": 4, "heads": 8, "rate": 3.0, "ttft": 0.25, "tpot": 0.015},

@@ -145,3 +145,23 @@ def test_repeated_split_separates_noise_from_model_error() -> None:
     assert out["oracle_mape"] == pytest.approx(100 * (1 / 0.8 - 1 + 1 - 1 / 1.2) / 5)
     assert out["repeated_mape"] == pytest.approx(100 * np.mean(np.abs(1.1 / it["time_s"][:5] - 1)))
     assert _fidelity_module().repeated_split(it.iloc[4:], pred[4:]) == {}  # nothing repeats 5 times
+
+
+def test_profile_grid_covers_every_small_decode_batch() -> None:
+    """Served replays are mostly decode steps of 1-8 requests, where the engine's time is not linear in the batch
+    size: the default grid profiles each of those sizes (App. A's 1, 2, 4, 8 plus SMALL_DECODE), within the KV
+    pool, and the fit's piecewise family gets a knot at each."""
+    from slogym.engines.fitting import PWL_KNOTS
+    from slogym.engines.profiler import SMALL_DECODE, ProfileGrid
+
+    kv = 256 * 32
+    grid = ProfileGrid.app_a(32, 1024, kv, 896)
+    sizes = {b for b, _ in grid.decode}
+    assert set(range(1, 9)) <= sizes and set(range(1, 9)) <= set(PWL_KNOTS)
+    assert all(b * (n + 16) <= kv for b, n in grid.decode) and len(set(grid.decode)) == len(grid.decode)
+    for b in SMALL_DECODE:  # every other context length, short and long ones
+        ctx = sorted(n for s, n in grid.decode if s == b)
+        assert len(ctx) >= 4 and ctx[0] <= 32 and ctx[-1] >= 512
+    tight = ProfileGrid.app_a(4, 128, 16 * 32, 256, quick=True)  # the CLI test's engine: nothing over its limits
+    assert {b for b, _ in tight.decode} <= {1, 2, 3, 4}
+    assert all(b * (n + 16) <= 16 * 32 for b, n in tight.decode)

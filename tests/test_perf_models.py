@@ -13,7 +13,8 @@ from slogym.core.batch import BatchFeatures
 from slogym.engines.base import perf_model_from_dict
 from slogym.engines.fitting import AUTO_FAMILIES, fit_best, fit_perf_model, fit_profile, load_records
 from slogym.engines.perf_models import (GPU_SPECS, MODEL_CONFIGS, AnalyticPerf, LinearInteractionPerf,
-                                        PhaseQuadraticPerf, QuadraticPerf, RooflinePerf, TablePerf)
+                                        PhaseQuadraticPerf, PhaseQuadraticPwlPerf, QuadraticPerf, RooflinePerf,
+                                        TablePerf)
 from slogym.engines.registry import get_engine, list_engines
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -134,6 +135,63 @@ def test_fit_best_picks_the_generating_family_by_holdout():
     assert report["family"] in ("quadratic", "phase-quadratic") and report["holdout_mape_pct"] < 1e-3
     with pytest.raises(ValueError, match="holdout"):
         fit_best(records_of(quad, f), holdout=0.0)
+
+
+# a decode step of 2 dearer than one of 3 (the live CPU engine's shape), flat-ish above
+PWL_TRUTH = dict(knots=[1, 2, 3, 8, 64, 1024], knot_time=[1e-3, 3e-3, 0.4e-3, 0.5e-3, 0.8e-3, 2e-3])
+
+
+def pwl_batches(n: int, seed: int = 0) -> BatchFeatures:
+    """:func:`phase_batches` plus decode-only steps of 1-8 requests (the knots below 8 are pinned by them)."""
+    f = phase_batches(n, seed)
+    rng = np.random.default_rng(seed + 100)
+    ds = rng.integers(1, 9, n // 3)
+    ctx = ds * rng.integers(16, 2048, ds.size)
+    small = BatchFeatures.build(decode_seqs=ds, decode_tokens=ds, decode_ctx=ctx, kv_tokens=ctx + ds)
+    return BatchFeatures(*(np.concatenate([a, b]) for a, b in zip(f, small)))
+
+
+def test_phase_quadratic_pwl_fit_reproduces_a_non_linear_token_cost():
+    """Records from an engine whose cost over the token count bends (a decode step of 2 dearer than one of 3):
+    the fit reproduces every batch's time, phase-quadratic cannot, and fit_best picks the piecewise family."""
+    truth = PhaseQuadraticPwlPerf(**PWL_TRUTH, **PHASE_COEFS)
+    df = records_of(truth, pwl_batches(900, seed=2))
+    model, report = fit_perf_model(df, "phase-quadratic-pwl")
+    assert report["holdout_mape_pct"] < 1e-3
+    assert set(PWL_TRUTH["knots"][:-1]) <= set(model.params()["knots"])  # knots at profiled token counts
+    fresh = pwl_batches(300, seed=7)
+    np.testing.assert_allclose(model.batch_time(fresh), truth.batch_time(fresh), rtol=1e-6)
+    two_three = BatchFeatures.build(decode_seqs=[2, 3], decode_tokens=[2, 3], decode_ctx=[600, 900])
+    t = model.batch_time(two_three)
+    assert t[0] > t[1]  # not monotone in the batch size, as measured
+    best, report = fit_best(df)
+    assert report["family"] == "phase-quadratic-pwl"
+    assert report["candidates"]["phase-quadratic"] > 1.0 > report["holdout_mape_pct"]
+
+
+def test_phase_quadratic_pwl_scalar_vector_roundtrip_and_bad_knots():
+    truth = PhaseQuadraticPwlPerf(**PWL_TRUTH, **PHASE_COEFS)
+    f = pwl_batches(300, seed=5)
+    t = truth.batch_time(f)
+    one = [truth.batch_time_one(BatchFeatures(*(int(a[i]) for a in f))) for i in range(len(t))]
+    assert all(isinstance(v, float) for v in one) and np.array_equal(np.array(one), t)
+    alone = np.concatenate([truth.batch_time(BatchFeatures(*(a[i:i + 1] for a in f))) for i in range(0, len(t), 7)])
+    assert np.array_equal(alone, t[::7])
+    again = perf_model_from_dict(json.loads(json.dumps(truth.to_dict())))
+    assert np.array_equal(again.batch_time(f), t)
+    assert truth.batch_time(BatchFeatures.build(prefill_tokens=0))[0] == 0.0
+    g = np.array([1e-3, 3e-3, 0.4e-3])  # the token cost alone at 1, 2, 3 tokens (decode of 1-3, no context)
+    base = PhaseQuadraticPerf(**PHASE_COEFS).batch_time(BatchFeatures.build(decode_seqs=[1, 2, 3],
+                                                                             decode_tokens=[1, 2, 3]))
+    got = truth.batch_time(BatchFeatures.build(decode_seqs=[1, 2, 3], decode_tokens=[1, 2, 3]))
+    np.testing.assert_allclose(got - base, g, rtol=1e-9)
+    for bad in (dict(knots=[4, 2], knot_time=[0.0, 0.0]), dict(knots=[1], knot_time=[0.0]),
+                dict(knots=[1, 2], knot_time=[0.0, -1.0]), dict(knots=[0, 2], knot_time=[0.0, 0.0])):
+        with pytest.raises(ValueError, match="knot"):
+            PhaseQuadraticPwlPerf(**bad, **PHASE_COEFS)
+    with pytest.raises(ValueError, match="distinct token counts"):
+        fit_perf_model(pd.DataFrame({"decode_seqs": [1, 1], "decode_tokens": [1, 1], "time_s": [0.01, 0.02]}),
+                       "phase-quadratic-pwl", holdout=0.0)
 
 
 def test_fit_profile_auto_records_the_choice(tmp_path):

@@ -17,13 +17,26 @@ import pandas as pd
 
 from slogym.core.batch import BatchFeatures
 from slogym.engines.base import PERF_FAMILIES, EngineSpec, PerfModel
-from slogym.engines.perf_models import AnalyticPerf, LinearTermsPerf, RooflinePerf, TablePerf
+from slogym.engines.perf_models import (AnalyticPerf, LinearTermsPerf, PhaseQuadraticPwlPerf, RooflinePerf,
+                                        TablePerf)
 
-AUTO_FAMILIES = ("quadratic", "phase-quadratic", "linear-interaction")
-"""Families :func:`fit_best` chooses among by default: those that need no architecture (``analytic`` does) and
-whose features separate prefill from decode work in one batch. ``table`` (total x KV tokens) and ``roofline``
-(total tokens) give a prefill chunk and as many decode steps the same cost; on a live vLLM engine they won on
-the profile grid's held-out rows yet predicted mixed batches 13-31 % low (``docs/live_engine.md``)."""
+AUTO_FAMILIES = ("quadratic", "linear-interaction", "phase-quadratic", "phase-quadratic-pwl")
+"""Families :func:`fit_best` chooses among by default, simplest first: those that need no architecture
+(``analytic`` does) and whose features separate prefill from decode work in one batch. ``table`` (total x KV
+tokens) and ``roofline`` (total tokens) give a prefill chunk and as many decode steps the same cost; on a live
+vLLM engine they won on the profile grid's held-out rows yet predicted mixed batches 13-31 % low
+(``docs/live_engine.md``)."""
+
+TIE_MAPE_PCT = 0.05
+""":func:`fit_best` keeps the simplest family (first in its list) whose held-out MAPE is within this many
+percentage points of the lowest: a richer family that contains a simpler one (``phase-quadratic-pwl`` contains
+``phase-quadratic``, which contains ``quadratic``) fits the simpler one's records as well, up to rounding."""
+
+PWL_KNOTS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
+             3072, 4096, 6144, 8192, 12288, 16384)
+"""Token counts ``phase-quadratic-pwl`` may place a knot at (every count up to 8, where the GEMMs' time is
+least linear, then x1.5 / x4/3 steps); a fit keeps those its training rows contain exactly, plus their
+largest token count, so every knot's value is pinned by measured batches."""
 
 
 def load_records(records: pd.DataFrame | str | Path) -> pd.DataFrame:
@@ -61,15 +74,34 @@ def _scipy_optimize() -> Any:
     return scipy.optimize
 
 
-def _fit_linear(cls: type[LinearTermsPerf], df: pd.DataFrame) -> LinearTermsPerf:
+def _nnls_relative(cols: list[Any], t: np.ndarray) -> np.ndarray:
     """Non-negative least squares on relative residuals: ``min sum ((sum_i c_i x_i) / t - 1)^2, c >= 0``."""
-    probe = cls(**{k: 0.0 for k in cls.term_names})
-    t = df["time_s"].to_numpy()
-    cols = [np.broadcast_to(np.asarray(x, np.float64), t.shape) for x in probe.terms(features_of(df))]
-    a = np.stack(cols, axis=1) / t[:, None]
+    a = np.stack([np.broadcast_to(np.asarray(x, np.float64), t.shape) for x in cols], axis=1) / t[:, None]
     scale = np.maximum(np.abs(a).max(axis=0), 1e-300)  # column scaling keeps NNLS well conditioned
     coef, _ = _scipy_optimize().nnls(a / scale, np.ones_like(t))
-    return cls(**dict(zip(cls.term_names, (coef / scale).tolist())))
+    return coef / scale
+
+
+def _fit_linear(cls: type[LinearTermsPerf], df: pd.DataFrame) -> LinearTermsPerf:
+    """The coefficients of ``cls``'s terms by :func:`_nnls_relative`."""
+    probe = cls(**{k: 0.0 for k in cls.term_names})
+    coef = _nnls_relative(probe.terms(features_of(df)), df["time_s"].to_numpy())
+    return cls(**dict(zip(cls.term_names, coef.tolist())))
+
+
+def _fit_pwl(df: pd.DataFrame) -> PhaseQuadraticPwlPerf:
+    """``phase-quadratic-pwl``: knots at the :data:`PWL_KNOTS` token counts that ``df`` holds plus its largest
+    one; the phase-quadratic coefficients and every knot's time together by :func:`_nnls_relative`."""
+    tokens = (df["prefill_tokens"] + df["decode_tokens"]).to_numpy(np.int64)
+    seen = set(tokens[tokens > 0].tolist())
+    knots = sorted({k for k in PWL_KNOTS if k in seen} | ({max(seen)} if seen else set()))
+    if len(knots) < 2:
+        raise ValueError(f"phase-quadratic-pwl: records need >= 2 distinct token counts, got {sorted(seen)}")
+    names = PhaseQuadraticPwlPerf.term_names
+    probe = PhaseQuadraticPwlPerf(knots, [0.0] * len(knots), **{k: 0.0 for k in names})
+    f = features_of(df)
+    coef = _nnls_relative(probe.terms(f) + probe.knot_weights(f), df["time_s"].to_numpy()).tolist()
+    return PhaseQuadraticPwlPerf(knots, coef[len(names):], **dict(zip(names, coef[:len(names)])))
 
 
 def _fit_roofline(df: pd.DataFrame, pieces: int = 2) -> RooflinePerf:
@@ -167,8 +199,10 @@ def fit_perf_model(records: pd.DataFrame | str | Path, family: str, holdout: flo
     if len(train) == 0:
         raise ValueError("no training rows left after the holdout split")
     cls = PERF_FAMILIES[family]
-    if issubclass(cls, LinearTermsPerf):
-        model: PerfModel = _fit_linear(cls, train)
+    if cls is PhaseQuadraticPwlPerf:
+        model: PerfModel = _fit_pwl(train)
+    elif issubclass(cls, LinearTermsPerf):
+        model = _fit_linear(cls, train)
     elif cls is RooflinePerf:
         model = _fit_roofline(train, int(options.get("pieces", 2)))
     elif cls is TablePerf:
@@ -187,13 +221,15 @@ def fit_perf_model(records: pd.DataFrame | str | Path, family: str, holdout: flo
 
 def fit_best(records: pd.DataFrame | str | Path, families: tuple[str, ...] = AUTO_FAMILIES,
              holdout: float = 0.2, seed: int = 0) -> tuple[PerfModel, dict[str, Any]]:
-    """Fit every family of ``families`` on the same holdout split and keep the one with the lowest held-out
-    MAPE; its report gains ``candidates`` (family -> held-out MAPE, in %)."""
+    """Fit every family of ``families`` on the same holdout split and keep the first (simplest) whose held-out
+    MAPE is within :data:`TIE_MAPE_PCT` of the lowest; its report gains ``candidates`` (family -> held-out
+    MAPE, in %)."""
     if not families or holdout <= 0.0:
         raise ValueError("fit_best needs at least one family and holdout > 0 (the held-out MAPE picks the family)")
     df = load_records(records)
     fits = {f: fit_perf_model(df, f, holdout=holdout, seed=seed) for f in families}
-    best = min(fits, key=lambda f: fits[f][1]["holdout_mape_pct"])
+    low = min(r["holdout_mape_pct"] for _, r in fits.values())
+    best = next(f for f in families if fits[f][1]["holdout_mape_pct"] <= low + TIE_MAPE_PCT)
     model, report = fits[best]
     return model, report | {"candidates": {f: r["holdout_mape_pct"] for f, (_, r) in fits.items()}}
 

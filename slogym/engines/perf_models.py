@@ -14,6 +14,7 @@ Families (see ``docs/engines.md``):
 ``linear-interaction``  SA-scheduler paper (Huang et al. 2025) Eq. 14-15 with Table 2's coefficient layout
 ``quadratic``           DistServe / HyperFlexis Eq. 1-2: quadratic prefill + linear decode
 ``phase-quadratic``     ``quadratic`` + a constant per phase present + a per-prefill-sequence cost (SA Eq. 14-15)
+``phase-quadratic-pwl`` ``phase-quadratic`` + a piecewise-linear cost of the token count (PolyServe §4.5's token axis)
 ``table``               PolyServe §4.5: profiled grid (token batch size x KV size), bilinear interpolation
 ``analytic``            roofline from model architecture and GPU datasheet, with fitted efficiency factors
 """
@@ -123,6 +124,62 @@ class PhaseQuadraticPerf(LinearTermsPerf):
         nonempty = (f.prefill_tokens + f.decode_tokens) > 0
         return [nonempty, f.prefill_tokens > 0, f.decode_tokens > 0, f.prefill_seqs, f.prefill_tokens,
                 f.prefill_sq, f.prefill_attn, f.decode_tokens, f.decode_ctx]
+
+
+class PhaseQuadraticPwlPerf(PhaseQuadraticPerf):
+    """:class:`PhaseQuadraticPerf` plus a profiled piecewise-linear cost of the batch's token count.
+
+    ::
+
+        time = phase-quadratic(f) + g(prefill_tokens + decode_tokens)      (0 for an empty batch)
+
+    ``g`` interpolates linearly between its values ``knot_time`` at the token counts ``knots`` (held flat below
+    the first knot, the last cell's slope extended above the last): the token axis of PolyServe §4.5's profile
+    table, added to the phase-quadratic terms instead of replacing them (the table family alone gives a
+    prefill chunk and as many decode tokens the same cost). Why (measured on a live vLLM CPU engine,
+    ``docs/live_engine.md``): the linear layers' time over the token count ``M`` is not linear at small ``M``
+    -- decode steps of 2 requests cost 8-10 % more than the phase-quadratic line through the other batch sizes
+    and more than a step of 4, those of 1 and 3 a few % more -- and decode steps of 1-3 requests are most of a
+    served replay's iterations. ``fitting`` fits ``knot_time`` with the other coefficients by the same
+    non-negative least squares (the knots are profiled token counts). Deviation: neither paper has this exact
+    form; it is the union of the phase-quadratic terms and a one-axis PolyServe table.
+    """
+
+    family = "phase-quadratic-pwl"
+
+    def __init__(self, knots: Sequence[float], knot_time: Sequence[float], **coefs: float) -> None:
+        super().__init__(**coefs)
+        k, v = (numpy.asarray(a, dtype=numpy.float64) for a in (knots, knot_time))
+        if k.ndim != 1 or k.size < 2 or v.shape != k.shape or (numpy.diff(k) <= 0).any() or k[0] < 1:
+            raise ValueError(f"{self.family}: knots must be >= 2 strictly increasing token counts >= 1 with one "
+                             f"knot_time each, got knots={k.tolist()}, knot_time={v.tolist()}")
+        if not numpy.isfinite(v).all() or (v < 0).any():
+            raise ValueError(f"{self.family}: knot_time must be finite and >= 0, got {v.tolist()}")
+        self._k, self._v = xp.asarray(k), xp.asarray(v)
+
+    def _grids(self, X: Any) -> tuple[Any, Any]:
+        if X is SCALAR or X is numpy:
+            return self._k, self._v
+        return X.asarray(self._k), X.asarray(self._v)
+
+    def knot_weights(self, f: BatchFeatures, x: Any = None) -> list[Any]:
+        """Per knot, the weight of its ``knot_time`` in ``g`` (arrays, shape ``(m,)``): the columns the fit
+        solves for; ``g = sum_j knot_time[j] * weight_j`` up to rounding."""
+        X = _ops(x)
+        k, _ = self._grids(X)
+        i, w = _interp_index(k, f.prefill_tokens + f.decode_tokens, X)
+        return [(i == j) * (1.0 - w) + (i + 1 == j) * w for j in range(int(k.shape[0]))]
+
+    def batch_time(self, f: BatchFeatures, x: Any = None) -> Any:
+        X = _ops(x)
+        k, v = self._grids(X)
+        tokens = f.prefill_tokens + f.decode_tokens
+        i, w = _interp_index(k, tokens, X)
+        g = v[i] + (v[i + 1] - v[i]) * w
+        return super().batch_time(f, x) + X.where(tokens > 0, g, 0.0)
+
+    def params(self) -> dict[str, Any]:
+        return {**self.coefs, "knots": numpy.asarray(self._k).tolist(), "knot_time": numpy.asarray(self._v).tolist()}
 
 
 class LinearInteractionPerf(LinearTermsPerf):

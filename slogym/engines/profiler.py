@@ -30,6 +30,12 @@ from slogym.engines.live.client import VLLMEngine
 # HyperFlexis App. A grid (batch sizes, input lengths), cut to each engine's limits at run time
 APP_A_BATCH = (1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192)
 APP_A_LENGTHS = (4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 284, 512, 768, 1024, 1536, 2020)
+SMALL_DECODE = (3, 5, 6, 7)
+"""Decode batch sizes added to App. A's: served replays at moderate load are mostly decode steps of 1-8 requests,
+and there the engine's time is not linear in the batch size (on the live vLLM CPU engine a decode step of 2 cost
+more than one of 4, one of 3 less than the line through 2 and 4 predicts); ``phase-quadratic-pwl`` places a
+knot at each profiled token count. Swept at every other context length (the context term is pinned by the
+other sizes)."""
 DECODE_SETTLE = 8
 """Unmeasured decode steps of a decode visit's batch before its warm-up: the first steps after a batch formed
 cost more (vLLM's persistent batch, caches); measured on the live engine, decode steps 3-5 after formation were
@@ -43,6 +49,7 @@ class ProfileGrid:
 
     prefill   (batch size, input length): one iteration prefilling that many whole prompts
     decode    (batch size, context length): ``repeats`` decode steps of that many requests at that context
+              (App. A's batch sizes plus :data:`SMALL_DECODE`)
     mixed     (decode batch, decode context, prefill chunk, past): a prefill chunk of a prompt whose first ``past``
               tokens are already computed (0: a first chunk; > 0: a continuation, as chunked prefill runs them)
               plus one decode step of each request of the decode batch
@@ -62,7 +69,9 @@ class ProfileGrid:
             bs, ls = bs[::2], ls[1::3]
         prefill = [(b, n) for b in bs for n in ls if b * n <= max_tokens and b * (n + 1) <= kv_tokens]
         ctx = [n for n in ls if n >= 16]
-        decode = [(b, n) for b in bs for n in ctx if b * (n + 16) <= kv_tokens]
+        small = [(b, n) for b in SMALL_DECODE if b <= max_seqs for n in ctx[:: 4 if quick else 2]]
+        decode = sorted([(b, n) for b in bs for n in ctx] + small)
+        decode = [(b, n) for b, n in decode if b * (n + 16) <= kv_tokens]
         chunks = [c for c in (32, 128, 512, 1024) if c <= max_tokens // 2][:: 2 if quick else 1]
         mixed = [(b, n, c, past) for b in bs[1::2] for n in ctx[::2] for c in chunks for past in (0, 2 * c)
                  if b * (n + 16) + past + 4 * c + 1 <= kv_tokens and b + c <= max_tokens and b < max_seqs
