@@ -109,6 +109,38 @@ def test_dag_matching_picks_closest_graph_and_uses_prefixes() -> None:
     assert h.match("unknown", _graph([1], [1])) is None
 
 
+def _chain(group: int, outs: list[int], app: str = "collective_tot") -> list[Request]:
+    return [Request(0.0, [prefill(200), decode(o)], app=app, ttlt=60.0, group=group, group_stage=s)
+            for s, o in enumerate(outs)]
+
+
+def test_graph_matching_reads_completed_stages_and_known_inputs_only(history: Workload) -> None:
+    # §4.1 / Fig. 7: the N completed stages' outputs (and the inputs known so far) pick the historical graph
+    # whose stage N+1 share is used; graphs with no more stages than completed are out; no length bound
+    hist = Workload.from_requests(_chain(0, [100, 100, 1000]) + _chain(1, [1000, 1000, 100]) + _chain(2, [990]),
+                                  name="graph-history")
+    sched = TempoScheduler(history=hist)
+    sched.reset(Simulator(Workload.from_requests(_chain(0, [50, 50]), name="live"), ENGINE,
+                          Policy(name="t", scheduler=sched), seed=0))
+    edge = np.full(2, 200.0)
+    short, long_ = sched._match("collective_tot", np.array([105.0]), edge), sched._match(
+        "collective_tot", np.array([990.0]), edge)  # the 1-stage graph (990) has no stage 2 to predict
+    assert short is not None and long_ is not None and short[2] > short[1] and long_[1] > long_[2]
+    assert sched._match("collective_codegen", np.array([105.0]), edge) is None
+    # the starting stage's deadline is the same whatever bound the analyzer holds for its requests
+    w = make_workload("tempo-mix", n_requests=80, seed=5, engine=ENGINE)
+    deadlines = []
+    for predictor in ("qrf", "none"):
+        s = TempoScheduler(predictor=predictor, history=history)
+        sim = Simulator(w, ENGINE, Policy(name="t", scheduler=s), seed=0)
+        s.reset(sim)
+        sim.rs.ready[:] = w.arrival
+        first = [k for k, m in enumerate(s.members) if w.group_stage[m[0]] == 0]
+        deadlines.append(s._stage_deadlines(np.array(first)))
+    assert len(deadlines[0]) > 3 and np.array_equal(deadlines[0], deadlines[1])
+    assert np.all(deadlines[0] < w.arrival[[s.members[k][0] for k in first]] + w.ttlt[[s.members[k][0] for k in first]])
+
+
 def test_stage_deadline_splits_remaining_budget_by_ratios() -> None:
     ratios = np.array([1.0, 3.0])
     assert stage_deadline(ratios, 0, 0.0, 40.0) == pytest.approx(10.0)

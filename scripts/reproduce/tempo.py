@@ -1,6 +1,6 @@
 """Reproduce Tempo's headline comparison (Zhang et al. 2025, §6.2 Fig. 9/10/12/13, Fig. 15 ablation) in slogym.
 
-    python scripts/reproduce/tempo.py [--duration 180] [--loads 1.0,1.5] [--seeds 1] [--quick]
+    python scripts/reproduce/tempo.py [--duration 180] [--loads 1.0,1.5] [--seeds 1] [--quick] [--policies a,b]
 
 Workloads: the presets ``tempo-mix`` (Chatbot, Table 2) and ``tempo-mix-lc`` (LC-Workload lengths of Table 2),
 each with Poisson arrivals and bursty ones (``<name>-bursty``: the ``code`` arrival fingerprint's correlated
@@ -14,12 +14,17 @@ setting it prints service gain (Eq. 1-3, w_i:w_o = 1:2, alpha = 1) and SLO goodp
 per second, dslo mode) of every policy, each scored two ways: per LLM call (slogym's run summary: every call of
 a collective is a request scored against the collective's end-to-end deadline) and per user request (``user_``:
 a collective request is one request, Eq. 2 with the TTLT of its last call, as in the paper's 3:1:1 mix of
-request patterns). Then Tempo's ratios over vLLM / Sarathi / Autellix / Tempo-SJF (the §6.1 baselines) beside
+request patterns). Goodput's span ends when the policy's backlog has drained, so the ratios also compare
+``attainment``: the requests meeting their SLO on the same arrivals, i.e. goodput over one common span. Then
+Tempo's ratios over vLLM / Sarathi / Autellix / Tempo-SJF (the §6.1 baselines) beside
 the paper's 1.3-8.3x (service gain) and 4.0-10.3x (goodput), Tempo / Tempo-Precise (Fig. 12), and the Fig. 15
 ablations (no graph matching, no prediction model) relative to Tempo, and ``no-predictor-mean``: the
 no-predictor ablation with the history-wide mean length instead of Tempo's quantile (its former definition; the
 paper does not say what replaces the model), a sensitivity row.
 Every Tempo variant is trained on a held-out seeded draw of the same workload (1500 user arrivals).
+With ``--seeds N`` (the paper reports the mean of five runs, §6.1) every ratio is computed per seed (both policies
+on the same arrivals) and printed as mean and sample standard deviation over the seeds, with the seeds' range; the
+"shape met" column judges the mean. ``--policies`` runs a subset (ratios whose policies did not run are left out).
 """
 
 from __future__ import annotations
@@ -48,15 +53,20 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=1, help="average each run over seeds 0..N-1")
     ap.add_argument("--engine", default="llama3-8b-h100")
     ap.add_argument("--quick", action="store_true", help="Poisson tempo-mix only")
+    ap.add_argument("--policies", default="", help="comma-separated subset of the policies (default: all)")
     a = ap.parse_args()
     eng = get_engine(a.engine)
-    baselines = ["vllm", "sarathi", "autellix"]
-    names = list(TEMPO) + [MEAN] + baselines
-    baselines.append("tempo-sjf")
+    names = list(TEMPO) + [MEAN] + ["vllm", "sarathi", "autellix"]
+    if a.policies:
+        unknown = sorted(set(a.policies.split(",")) - set(names))
+        if unknown or "tempo" not in a.policies.split(","):
+            raise SystemExit(f"--policies {a.policies!r}: unknown {unknown}; 'tempo' is required; choose from {names}")
+        names = [n for n in names if n in a.policies.split(",")]
+    baselines = [b for b in ("vllm", "sarathi", "autellix", "tempo-sjf") if b in names]
     settings = [(w, arr) for w in ("tempo-mix", "tempo-mix-lc") for arr in ("poisson", "bursty")]
     if a.quick:
         settings = settings[:1]
-    table: list[tuple[str, dict[str, float]]] = []
+    table: list[tuple[str, dict[str, list[float]]]] = []
     started = time.perf_counter()
     for wname, arrival in settings:
         scen = wname if arrival == "poisson" else f"{wname}-bursty"
@@ -64,17 +74,21 @@ def main() -> None:
         histories = [make_workload(scen, n_requests=1500, seed=s + 1_000_003) for s in range(a.seeds)]
         for load in (float(x) for x in a.loads.split(",")):
             runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+            users, calls = [], []
             for seed, history in enumerate(histories):
                 w = make_workload(scen, rate=load * rate0, duration=a.duration, seed=seed, engine=eng)
+                users.append(int((w.group < 0).sum()) + np.unique(w.group[w.group >= 0]).size)
+                calls.append(len(w))
                 for name in names:
                     pol = _policy(name, eng, history)
                     sim = Simulator(w, eng, pol, seed=seed).run()
                     runs[name].append(sim.result().summary | _collective_attainment_by_app(sim))
             res = {name: _mean(s) for name, s in runs.items()}
-            users = int((w.group < 0).sum()) + np.unique(w.group[w.group >= 0]).size
+            rates = np.array(users) / a.duration  # a bursty window realizes its own rate, per seed
+            realized = f"{rates[0]:.1f}/s" if a.seeds == 1 else f"{rates.min():.1f}-{rates.max():.1f}/s"
             seeds = f", mean of {a.seeds} seeds" if a.seeds > 1 else ""
             print(f"\n{wname} {arrival} load {load:g}x ({load * rate0:.1f}/s for {a.duration:g} s, realized "
-                  f"{users / a.duration:.1f}/s, {len(w)} requests{seeds})")
+                  f"{realized}, {np.mean(calls):.0f} requests{seeds})")
             print(f"  {'policy':20s} {'service_gain':>13s} {'goodput':>8s} {'attain':>7s} {'user_sg':>10s} "
                   f"{'user_gp':>8s}  per-app attainment (per call; cc/ct per collective in brackets)")
             for name in names:
@@ -83,7 +97,9 @@ def main() -> None:
                 coll = " ".join(f"{_initials(k)}={v:.2f}" for k, v in s["user_attainment_by_app"].items())
                 print(f"  {name:20s} {s['service_gain']:13.0f} {s['goodput']:8.3f} {s['attainment']:7.3f} "
                       f"{s['user_service_gain']:10.0f} {s['user_goodput']:8.3f}  {apps} [{coll}]")
-            table.append((f"{wname[6:] or 'mix'}-{arrival[0]} {load:g}x", _ratios(res, baselines)))
+            per_seed = [_ratios({name: runs[name][i] for name in names}, baselines) for i in range(a.seeds)]
+            table.append((f"{wname[6:] or 'mix'}-{arrival[0]} {load:g}x",
+                          {k: [r[k] for r in per_seed] for k in per_seed[0]}))
     _print_ratios(table, time.perf_counter() - started)
     print(NOTE)
 
@@ -135,13 +151,16 @@ def _mean(summaries: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _ratios(res: dict[str, dict[str, Any]], baselines: list[str]) -> dict[str, float]:
     """Tempo over each baseline and Tempo-Precise, each Fig. 15 ablation over Tempo, for both metrics, scored per
-    call and per user request."""
+    call and per user request. Goodput divides the requests meeting their SLO by the run's span, which ends when
+    the policy's backlog has drained, so a policy that leaves one late straggler is charged a longer span; the
+    ``attainment`` ratios compare the requests meeting their SLO on the same arrivals (goodput over one common
+    span)."""
     t = res["tempo"]
     out = {}
-    for m in ("service_gain", "goodput", "user_service_gain", "user_goodput"):
-        for b in baselines + ["tempo-precise"]:
+    for m in ("service_gain", "goodput", "attainment", "user_service_gain", "user_goodput", "user_attainment"):
+        for b in [x for x in baselines + ["tempo-precise"] if x in res]:
             out[f"{m} tempo/{b}"] = t[m] / max(res[b][m], 1e-12)
-        for abl in ("tempo-no-graph", "tempo-no-predictor", MEAN):
+        for abl in [x for x in ("tempo-no-graph", "tempo-no-predictor", MEAN) if x in res]:
             out[f"{m} {abl}/tempo"] = res[abl][m] / max(t[m], 1e-12)
     return out
 
@@ -152,7 +171,7 @@ MARGIN = 0.01
 
 def _expected(key: str) -> tuple[str, Callable[[float], bool]]:
     """The paper's figure for a ratio and the shape test it implies."""
-    metric = key.split()[0].removeprefix("user_")
+    metric = key.split()[0].removeprefix("user_").replace("attainment", "goodput")  # met requests, common span
     if MEAN in key:
         return "sensitivity (< 1 if Fig. 15 held)", lambda v: v < 1.0 - MARGIN
     if "precise" in key:
@@ -163,15 +182,23 @@ def _expected(key: str) -> tuple[str, Callable[[float], bool]]:
     return "< 1 (ablation, Fig. 15)", lambda v: v < 1.0 - MARGIN
 
 
-def _print_ratios(table: list[tuple[str, dict[str, float]]], seconds: float) -> None:
+def _print_ratios(table: list[tuple[str, dict[str, list[float]]]], seconds: float) -> None:
+    """One row per ratio, one column per setting: the value (one seed) or mean +- sample sd over seeds, then a
+    second row with the seeds' range; "shape met" judges the mean."""
     labels = [label for label, _ in table]
-    print(f"\nratios per setting ({seconds:.0f} s in all)")
-    print(f"  {'ratio':43s} " + " ".join(f"{x:>11s}" for x in labels) + "   shape met   paper")
+    n = len(table[0][1][next(iter(table[0][1]))])
+    width = 11 if n == 1 else 13
+    print(f"\nratios per setting ({seconds:.0f} s in all" + (f"; mean +- sd over {n} seeds, range below)" if n > 1 else ")"))
+    print(f"  {'ratio':43s} " + " ".join(f"{x:>{width}s}" for x in labels) + "   shape met   paper")
     for key in table[0][1]:
-        vals = [r[key] for _, r in table]
+        vals = [np.asarray(r[key]) for _, r in table]
         paper, ok = _expected(key)
-        met = sum(ok(v) for v in vals)
-        print(f"  {key:43s} " + " ".join(f"{v:11.2f}" for v in vals) + f"   {met:>3d}/{len(vals):<3d}     {paper}")
+        met = sum(ok(float(v.mean())) for v in vals)
+        cells = [f"{v.mean():.2f}" if n == 1 else f"{v.mean():.3f}+-{v.std(ddof=1):.3f}" for v in vals]
+        print(f"  {key:43s} " + " ".join(f"{c:>{width}s}" for c in cells) + f"   {met:>3d}/{len(vals):<3d}     {paper}")
+        if n > 1:
+            spans = [f"{v.min():.3f}-{v.max():.3f}" for v in vals]
+            print(f"  {'  (seed range)':43s} " + " ".join(f"{c:>{width}s}" for c in spans))
 
 
 NOTE = """

@@ -8,7 +8,10 @@ Largest Service Density First replaces FCFS in every ordering decision: admissio
 * **Request Analyzer (§4.1)** -- an output-length upper bound from a quantile regression forest, refreshed every
   ``refresh_tokens`` generated tokens (:mod:`slogym.workloads.qrf`); for collective requests, super-node DAG
   matching against history of the same application splits the end-to-end deadline into stage deadlines
-  (:mod:`slogym.workloads.dag`).
+  (:mod:`slogym.workloads.dag`). The live graph is what is known when a stage starts (Fig. 7, "matching N+1
+  stage ratio over whole graph with N stage"): the outputs of the completed stages and the inputs of those and
+  of the starting stage, matched against historical graphs with more stages than completed; the length bound
+  takes no part in matching (Alg. 1 lines 2-3 keep PredictLength and GraphMatching apart).
 * **LSDF (§4.2, Alg. 1 lines 6-12, Eq. 4)** -- every candidate (running or waiting) gets a service density;
   prefill candidates take chunks in density order within the token budget, the sequence limit and free KV (a
   candidate that does not fit is skipped, Alg. 1 line 9-10); running decodes that cannot all grow evict the
@@ -157,8 +160,14 @@ class TempoScheduler(TokenBudgetScheduler):
         for s, m in enumerate(self.members):
             self.group_sids.setdefault(int(w.group[m[0]]), []).append(s)
         self.stage_dl = np.full(uniq.size, np.nan)
-        if self.graph == "match":
-            self.graphs = GraphHistory.from_workload(hist, self.token_budget)
+        if self.graph == "match":  # node and edge kernels kept apart: the live graph has one node fewer
+            self.graph_nodes, self.graph_edges = GraphHistory(beta=1.0), GraphHistory(beta=0.0)
+            self.graph_list: dict[str, list[SuperGraph]] = {}
+            for app, g in graphs_of(hist, self.token_budget).values():
+                name = hist.app_names[app]
+                self.graph_nodes.add(name, g)
+                self.graph_edges.add(name, g)
+                self.graph_list.setdefault(name, []).append(g)
         elif self.graph == "oracle":
             self.true_graphs = graphs_of(w, self.token_budget)
         self.last_switch: dict[int, int] = {}
@@ -196,14 +205,28 @@ class TempoScheduler(TokenBudgetScheduler):
             ratios = self.true_graphs[g][1].time
         elif self.graph == "match":
             sids = self.group_sids[g][: s + 1]
-            node = np.array([rs.generated[self.members[j]].sum() for j in sids[:-1]]
-                            + [self.upper_bound(m).sum()], np.float64)
+            done = np.array([rs.generated[self.members[j]].sum() for j in sids[:-1]], np.float64)
             edge = np.array([w.input_tokens[self.members[j]].sum() for j in sids], np.float64)
-            best = self.graphs.match(w.app_names[w.app[first]], SuperGraph(node, edge))
-            ratios = None if best is None else best.time
+            ratios = self._match(w.app_names[w.app[first]], done, edge)
         dl = end if ratios is None else stage_deadline(ratios, s, start, end)
         self.stage_dl[sid] = dl
         return dl
+
+    def _match(self, app: str, done: np.ndarray, edge: np.ndarray) -> np.ndarray | None:
+        """Stage times of the historical graph of ``app`` most similar to a live collective (§4.1, Fig. 7: its
+        ``N = len(done)`` completed stages predict stage ``N + 1``), or None without history. Similarity is
+        :class:`GraphHistory`'s ``0.5 * node + 0.5 * edge`` Gaussian kernels, the node term over the completed
+        stages' outputs ``done``, the edge term over the inputs ``edge`` of those and of the starting stage
+        (known at its submission), among historical graphs with more than ``N`` stages; at ``N = 0`` the edge
+        term alone. Reconstructed: the paper does not say whether the starting stage's inputs are matched."""
+        graphs = self.graph_list.get(app)
+        if graphs is None:
+            return None
+        score = self.graph_edges.similarity(app, SuperGraph(np.ones_like(edge), edge))  # -inf: too few stages
+        if done.size:
+            score = 0.5 * score + 0.5 * self.graph_nodes.similarity(app, SuperGraph(done, edge[:-1]))
+        best = int(np.argmax(score))
+        return graphs[best].time if np.isfinite(score[best]) else None
 
     def _stage_deadlines(self, sids: np.ndarray) -> np.ndarray:
         """Deadlines of collective stages ``sids``, matching each stage once (cached in ``stage_dl``)."""
