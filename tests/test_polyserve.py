@@ -372,30 +372,44 @@ def test_pd_prefill_instance_uses_dynamic_chunks() -> None:
 
 @needs_pd
 @pytest.mark.parametrize("name", PD)
-def test_pd_every_request_one_outcome_and_no_looser_decode_host(name: str) -> None:
+@pytest.mark.parametrize("n_decode", [3, 4])
+def test_pd_every_request_one_outcome_and_no_looser_decode_host(name: str, n_decode: int) -> None:
+    """Nothing lost, KV all returned, and no request in time on a looser decode instance -- with hand-offs
+    pending (4 decode instances: one per tier) and without (3). Batches of at most 16 fill the decode side."""
     w = _tiers(500, rate=70.0, seed=3)
-    pol = make_policy(name, ENGINE)
-    hosts: list[tuple[int, int]] = []
+    pol = make_policy(name, ENGINE, max_num_seqs=16)
+    hosts: list[tuple[int, int, bool]] = []
     inner = pol.router.route_decode
+    deferred = 0
 
     def route_decode(req, sim, now):
+        nonlocal deferred
+        late = name == "polyserve-pd" and pol.router._decode_late(req, sim, now)
         i = inner(req, sim, now)
-        hosts.append((req, int(pol.router.core.fleet.label[i])))
+        if i == DEFER:
+            deferred += 1
+        else:
+            hosts.append((req, int(pol.router.core.fleet.label[i]), late))
         return i
 
     pol.router.route_decode = route_decode
-    sim = Simulator(w, ENGINE, pol, pd=(2, 3))
+    sim = Simulator(w, ENGINE, pol, pd=(6 - n_decode, n_decode))
     sim.completed = []
     sim.run()
     assert sorted(sim.completed) == list(range(len(w)))
-    assert not {"deferred_at_end", "transfer_at_end", "never_scheduled"} & set(sim.dropped_reasons)
+    assert (sim.rs.status == Status.DONE).all() and not sim.dropped_reasons
+    assert all(inst.free_blocks == inst.total_blocks for inst in sim.instances)
     fleet = pol.router.core.fleet
     assert hosts and all(sim.instances[int(sim.rs.instance[r])].role == 2 or sim.rs.outcome[r] != Outcome.FINISHED
-                         for r, _ in hosts)
+                         for r, _, _ in hosts)
+    assert len({r for r, _, _ in hosts}) == len(hosts)      # each hand-off placed once
     if name == "polyserve-pd":
-        # a demoted request is best effort, routed like best effort (the pool first): any host
-        assert all(label <= fleet.rtier[r] for r, label in hosts
-                   if fleet.rtier[r] < fleet.n_tiers and not sim.rs.be[r])
+        # a demoted request, or one whose next token is lost, is best effort, routed like it (the pool first)
+        assert all(label <= fleet.rtier[r] for r, label, late in hosts
+                   if fleet.rtier[r] < fleet.n_tiers and not sim.rs.be[r] and not late)
+        assert (deferred > 0) == (n_decode >= fleet.n_tiers)  # hand-offs pend only with a cluster per tier
+    else:
+        assert deferred == 0
 
 
 @needs_pd
@@ -460,6 +474,56 @@ def test_demoted_hand_off_goes_to_the_pool_not_its_former_tier() -> None:
     sim.rs.be[600] = True
     assert router.route_decode(600, sim, 0.0) == 3           # demoted: the loosest tier
     assert fleet.label[router.route_decode(601, sim, 0.0)] == 0  # in time: its own tier's least-loaded
+
+
+def _full_decode_side(labels: tuple[int, ...]) -> tuple[Simulator, object, object]:
+    """A PD cluster (1 prefill instance, then decode instances labelled ``labels``) of 20 ms requests with 4000-token
+    contexts, prefilled; every decode instance labelled < 3 is full (KV: its waiting list), the 100 ms ones empty."""
+    w = _chat_workload(800, prompt=4000, ttft=0.3, tpot=0.02)
+    pol = POLICIES["polyserve-pd"](ENGINE, tiers=(0.02, 0.03, 0.05, 0.1))
+    sim = Simulator(w, ENGINE, pol, pd=(1, len(labels)))
+    pol.reset(sim)
+    sim.rs.num_tokens[:] = sim.rs.stage_len
+    sim.rs.num_computed[:] = sim.rs.num_tokens
+    fleet = pol.router.core.fleet
+    r = 100
+    for j, label in enumerate(labels, 1):
+        fleet.relabel(j, label, 0.0)
+        while label < 3 and r < 700 and fleet.kv_now[j] < fleet.cap[j]:
+            sim.instances[j].waiting.append(r)
+            fleet.place(j, r, 4000, 0)
+            r += 1
+    return sim, fleet, pol.router
+
+
+@needs_pd
+def test_in_time_hand_off_pends_rather_than_break_its_tier() -> None:
+    """§4.2-4.3: a hand-off that no decode instance of its tier (or a tighter one) admits, with no pool instance
+    to scale up from, waits for a finish instead of being forced onto a full instance; once its next token is
+    lost it no longer waits."""
+    sim, fleet, router = _full_decode_side((0, 0, 1, 3))
+    assert router.route_decode(0, sim, 0.0) == DEFER
+    assert router.pending == {0: 0} and router.pending_tier[0] == 1
+    late = float(sim.rs.ready[1] + sim.w.stage_ttft[sim.rs.stage[1]]) + 0.1   # its second token was due before
+    assert fleet.label[router.route_decode(1, sim, late)] == 3   # best effort: the loosest tier, no wait
+    assert fleet.label[router.route_decode(0, sim, late)] == 3   # the pending one, offered again too late
+    assert not router.pending and router.pending_tier[0] == 0
+    sim3, fleet3, router3 = _full_decode_side((0, 1, 3))       # fewer decode instances than tiers: no wait
+    assert fleet3.label[router3.route_decode(0, sim3, 0.0)] == 0  # its tier's least-loaded, as before
+
+
+@needs_pd
+def test_promotion_leaves_a_tier_with_pending_hand_offs_alone() -> None:
+    """§4.2 keeps a queue per tier and §4.4 promotes only because the request's own tier is full: a looser
+    hand-off takes no capacity of a tighter tier whose own hand-offs pend."""
+    sim, fleet, router = _full_decode_side((1, 1, 1, 0))
+    fleet.rtier[2:4] = 1                             # 30 ms requests; the 30 ms instances are full
+    assert router.route_decode(2, sim, 0.0) == 4    # lazy promotion onto the empty 20 ms instance ...
+    sim2, fleet2, router2 = _full_decode_side((1, 1, 1, 0))
+    fleet2.rtier[2:4] = 1
+    router2.pending[0], router2.pending_tier[0] = 0, 1  # ... but not while a 20 ms hand-off pends
+    sim2.rs.status[0] = Status.TRANSFER
+    assert router2.route_decode(3, sim2, 0.0) == DEFER
 
 
 # ---------------------------------------------------------------------------------------------- CO prefill attention

@@ -11,6 +11,7 @@ from helpers import FF_FIELDS, assert_runs_equal
 from slogym.baselines import make_policy
 from slogym.baselines import polyserve_kernels as pk
 from slogym.baselines.polyserve import POLICIES, ProfileTable, prefill_profile_table, profile_table
+from slogym.core.policy import DEFER
 from slogym.core.request import Request, Workload, decode, prefill
 from slogym.core.simulator import Simulator
 from slogym.core.state import I_GEN, I_NC, I_NT
@@ -170,12 +171,15 @@ def test_one_pass_routing_equals_the_rule_over_admission_verdicts() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- fast-forward
-@pytest.mark.parametrize("name", ["polyserve-co", "polyserve-co-minimal"])
+@pytest.mark.parametrize("name", ["polyserve-co", "polyserve-co-minimal", "polyserve-pd"])
 def test_steady_only_once_settled_and_fast_forward_changes_nothing(name: str) -> None:
+    """PD: a decode side of 4 (one instance per tier) with batches of at most 16, so hand-offs pend."""
     w = make_workload("polyserve-tiers", rate=60.0, n_requests=300, seed=4, engine=ENGINE)
+    pd = name.startswith("polyserve-pd")
+    cluster = {"pd": (2, 4)} if pd else {"n_instances": 4}
     runs = {}
     for ff in (True, False):
-        pol = make_policy(name, ENGINE)
+        pol = make_policy(name, ENGINE, **({"max_num_seqs": 16} if pd else {}))
         inner = pol.scheduler.next_batch
         seen: list[tuple[bool, bool]] = []
 
@@ -187,9 +191,19 @@ def test_steady_only_once_settled_and_fast_forward_changes_nothing(name: str) ->
             return batch
 
         pol.scheduler.next_batch = next_batch
-        sim = Simulator(w, ENGINE, pol, n_instances=4, fast_forward=ff)
+        deferred: list[int] = []
+        if pd:
+            def route_decode(req: int, sim: object, now: float, inner=pol.router.route_decode) -> int:
+                i = inner(req, sim, now)
+                deferred.extend([req] if i == DEFER else [])
+                return i
+
+            pol.router.route_decode = route_decode
+        sim = Simulator(w, ENGINE, pol, fast_forward=ff, **cluster)
         sim.run()
         runs[ff] = sim.result()
+        if pd:
+            assert deferred and sim.kv_transfers == len(w) and not sim.dropped_reasons
         steady = [s for s, _ in seen if s]
         assert all(routed for s, routed in seen if s), "a steady batch before every request was routed"
         assert steady, "no batch was steady after the fleet settled"

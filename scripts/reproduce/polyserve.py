@@ -161,13 +161,17 @@ def optimal_rate(w: Workload, eng: Any, n_inst: int, attention: bool = True) -> 
 def pd_split(w: Workload, eng: Any, n_inst: int) -> tuple[int, int]:
     """Prefill/decode instances for a disaggregated run (the paper gives no split): prefill instances in
     proportion to the prefill share of the work, prefill at 1024-token chunks (``t(1024) / 1024`` per token)
-    against decode at a 128-request batch (``t(128, 128 ctx) / 128`` per token, ``ctx = P + O/2``)."""
+    against decode at a 128-request batch (``t(128, 128 ctx) / 128`` per token, ``ctx = P + O/2``). At least one
+    decode instance per TPOT tier where the fleet has room for it (``n_inst >= 2 x tiers``): PD-PolyServe
+    partitions the decode servers into one cluster per tier (§4.2), which fewer decode instances cannot hold
+    (Azure code's work share alone gives 19:1 at 20 instances; it gets 16:4)."""
     table = profile_table(eng)
     p, o = float(w.input_tokens.mean()), float(w.output_tokens.mean())
     c_p = table.time_one(1024, 0) / 1024
     c_d = table.time_one(128, int(128 * (p + o / 2))) / 128
     n_p = int(round(n_inst * p * c_p / (p * c_p + o * c_d)))
-    n_p = min(max(n_p, 1), n_inst - 1)
+    min_dec = len(TIER_MIX) if n_inst >= 2 * len(TIER_MIX) else 1
+    n_p = min(max(n_p, 1), n_inst - min_dec)
     return n_p, n_inst - n_p
 
 
@@ -254,6 +258,13 @@ def report_sweep(title: str, rates: list[float], opt: float, res: dict[str, list
     for p, rows in res.items():
         tiers = rows[i]["attainment_by_tier"]
         print(f"  {p:22s} " + "  ".join(f"{k}={v:.3f}" for k, v in sorted(tiers.items())))
+    for p in (x for x in ("polyserve-co", "polyserve-pd") if x in res):  # near-uniform across the load range?
+        print(f"per-tier attainment of {p} by load (spread: highest - lowest tier):")
+        for r, row in zip(rates, res[p]):
+            tiers = row["attainment_by_tier"]
+            spread = max(tiers.values()) - min(tiers.values())
+            print(f"  {r / opt:5.0%}  " + "  ".join(f"{k}={v:.3f}" for k, v in sorted(tiers.items()))
+                  + f"  spread {spread:.3f}")
     return good
 
 

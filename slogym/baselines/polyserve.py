@@ -57,7 +57,12 @@ of the iteration in flight (§4.6 wait time). The new prompt must end by its *pr
 deadline less the part of the KV transfer the second token's TPOT cannot absorb, so the second token (due TTFT +
 TPOT, §4.6) stays reachable (:meth:`Fleet.prefill_deadline`) -- and no prompt predicted on time without it may
 turn late with it (it overtakes those due later). The decode side is the tiered
-router above with decode admission (next token after transfer, wait and one step before its DSLO deadline).
+router above with decode admission (next token after transfer, wait and one step before its DSLO deadline). A
+hand-off that no decode instance admits pends (§4.2-4.3; its KV stays on the prefill instance, and the simulator
+offers it again at every finish) while its next token can still be on time; meanwhile no looser hand-off is
+promoted onto its tier (§4.2's per-tier queues, §4.4: promotion only because the own tier is full). Once its next
+token is lost it is routed as best effort. Deviation: on a decode side of fewer instances than tiers (no cluster
+per tier) a hand-off never pends; it goes to its tier's least-loaded instance (:meth:`PolyServeRouter.route_decode`).
 
 **Batch formation on an instance (§2.4, §4.5).** Decode-first chunked prefill (Sarathi's loop, reused from
 :mod:`slogym.baselines.common`): every running decode runs; the rest of a *token budget* is filled with prefill
@@ -513,10 +518,12 @@ class Fleet:
 
     def settled(self) -> bool:
         """No request can be routed again: every request was routed once (arrived, released), none waits in the
-        cluster's global queue, and no prefill instance holds a request still to hand off to a decode instance.
-        From then on nothing reads the rows, so batches may be fast-forwarded (monotone: cached once true)."""
+        cluster's global queue, and no prefill instance holds a request still to hand off to a decode instance
+        (resident, or parked: a pending hand-off). From then on nothing reads the rows, so batches may be
+        fast-forwarded (monotone: cached once true)."""
         if not self._settled and self.n_routed == self.routed.size and not self.sim.global_queue:
-            self._settled = not any(self.sim.instances[p].n_resident for p in self.prefill.tolist())
+            self._settled = not any(self.sim.instances[p].n_resident or self.sim.instances[p].n_parked
+                                    for p in self.prefill.tolist())
         return self._settled
 
     # ---------------------------------------------------------------- labels and cost
@@ -866,6 +873,34 @@ class MinimalRouter(_FleetRouter):
 class PolyServeRouter(_FleetRouter):
     """PolyServe's tiered router (§4.1-4.7; see the module docstring for the full rule)."""
 
+    def reset(self, sim: "Simulator") -> None:
+        super().reset(sim)
+        self.pending: dict[int, int] = {}  # decode hand-offs pending (request -> tier), §4.2's per-tier queues
+        self.pending_tier = np.zeros(self.core.fleet.n_tiers + 1, np.int64)
+
+    def _unpend(self, r: int) -> None:
+        t = self.pending.pop(r, None)
+        if t is not None:
+            self.pending_tier[t] -= 1
+
+    def _hosts(self, t: int, decode: bool) -> np.ndarray:
+        """Host ranks of tier ``t``'s candidates (:attr:`Fleet.host_rank`), less, for a decode hand-off, the
+        tighter tiers with hand-offs of their own pending: §4.2 keeps a queue per TPOT tier, and lazy promotion
+        (§4.4) takes a tighter cluster only because the request's own is full -- a tighter tier whose own
+        requests pend is full too, and the capacity it frees is theirs."""
+        ranks = self.core.fleet.host_rank[t]
+        if not decode or not self.pending_tier[:t].any():
+            return ranks
+        status = self.core.sim.rs.status
+        for r in [r for r in self.pending if status[r] != TRANSFER]:  # left the wait otherwise (dropped)
+            self._unpend(r)
+        blocked = np.flatnonzero(self.pending_tier[:t])
+        if not blocked.size:
+            return ranks
+        ranks = ranks.copy()
+        ranks[blocked] = pk.NO_HOST
+        return ranks
+
     def admission(self, j: np.ndarray, r: int, now: float, host_tpot: float | np.ndarray) -> Verdict:
         """Co-located admission of request ``r`` on instances ``j`` whose operating TPOT would be ``host_tpot``
         (one value, or one per instance).
@@ -957,23 +992,36 @@ class PolyServeRouter(_FleetRouter):
 
     def route_decode(self, req: int, sim: "Simulator", now: float) -> int:
         """The decode instance of a prefilled request (§4.2: its tier's decode cluster, with lazy promotion and
-        scale-up as for arrivals). The simulator retries a deferred hand-off only when an instance becomes ready,
-        which never happens on PolyServe's fixed fleet, so when nothing admits (even after re-reading the fleet
-        and dropping the already-lost next-token deadline) the request goes to the least-loaded decode instance
-        of its tier or a tighter one, else to the least-loaded decode instance, relabelled to its tier (labels
-        only ever tighten, so no request sits on a looser instance). A demoted request is best effort: routed
-        like one (the pool first, then the loosest tier, each tier instance only if its TPOT still holds with
-        it), and when nothing admits it goes to the least-loaded decode instance of the pool or pending list,
-        else of the loosest tier, never forced onto its former tier's instances (§4.3: best-effort work belongs to the
-        best-effort pool)."""
+        scale-up as for arrivals). When nothing admits it the hand-off pends (``DEFER``; §4.2-4.3: a request
+        waits rather than break its tier's TPOT on a full instance, "requests start pending"), its KV held on
+        the prefill instance; the simulator offers it again whenever a request finishes. It pends while its
+        next token can still be on time (:meth:`_decode_late`) and something may still finish
+        (:meth:`_may_finish`). A request whose next token is lost, or a demoted one, is best effort: routed like
+        one (the pool first, then the loosest tier, each tier instance only if its TPOT still holds with it),
+        and when nothing admits it goes to the least-loaded decode instance of the pool or pending list, else of
+        the loosest tier, never onto its tier's instances (§4.3: best-effort work belongs to the best-effort
+        pool). An in-time request that may not pend goes to the least-loaded decode instance of its tier or a
+        tighter one, else to the least-loaded one, relabelled to its tier (labels only ever tighten, so no request
+        sits on a looser instance): when nothing may ever finish (nothing else resident, nothing in transfer),
+        when no decode instance hosts its tier or may scale up to it (:meth:`_has_cluster`), and on a decode side
+        of fewer instances than tiers. Deviation: there §4.2's partition of the decode servers into one cluster
+        per tier does not exist; the instances are shared across tiers, and a hand-off that waited until its
+        next token is lost would still load the same instances (on Azure code's 19:1 split, one decode instance,
+        pending took PD-PolyServe from 0.892 to 0.116 attainment at 100 % load), so it never waits there."""
         fleet = self.core.fleet
         fleet.refresh_stale(now)
-        i = self._place(req, sim, now, decode=True)
+        self._unpend(req)
+        late = self._decode_late(req, sim, now)
+        i = self._place(req, sim, now, decode=True, best_effort=late)
         if i == DEFER and fleet.resync(now):
-            i = self._place(req, sim, now, decode=True)
+            i = self._place(req, sim, now, decode=True, best_effort=late)
         if i != DEFER:
             return i
-        t = self._tier(req)
+        t = fleet.n_tiers if late else self._tier(req)
+        if t < fleet.n_tiers and fleet.decode.size >= fleet.n_tiers and self._may_finish(sim) and self._has_cluster(t):
+            self.pending[req] = t
+            self.pending_tier[t] += 1
+            return DEFER
         dec = fleet.decode
         if t == fleet.n_tiers:
             group = np.minimum(fleet.label[dec], fleet.n_tiers + 1)  # the pool, then the loosest label present
@@ -982,9 +1030,36 @@ class PolyServeRouter(_FleetRouter):
         own = dec[fleet.label[dec] <= t]
         j = own if own.size else dec
         i = int(j[np.argmin(fleet.cycle_time(j))])
-        if t < fleet.n_tiers and fleet.label[i] > t:
+        if fleet.label[i] > t:
             fleet.relabel(i, t, now)
         return self._commit(req, i, sim)
+
+    def _decode_late(self, req: int, sim: "Simulator", now: float) -> bool:
+        """Prefilled request ``req``'s next token misses its deadline even on an idle decode instance (the KV
+        transfer and one step of it alone, profile table): its SLO is lost, so it no longer pends for its tier
+        (the decode-side counterpart of :meth:`_pend`'s demotion). Always false for best-effort requests."""
+        rs = sim.rs
+        if rs.be[req]:
+            return False
+        ctx, _, _, deadline, xfer = self._request(req, decode=True)
+        fleet = self.core.fleet
+        j = int(fleet.decode[0])
+        return now + float(xfer[fleet.engine_of[j]]) + fleet.table.time_one(1, ctx) > deadline
+
+    def _has_cluster(self, t: int) -> bool:
+        """Some decode instance hosts tier ``t`` (its own or a tighter tier) or may scale up to it (the pool, or
+        the pending list holding only tier >= ``t`` requests): a hand-off of tier ``t`` may find a host by
+        waiting. Without one (a decode side of one instance labelled looser, say) it would wait for nothing."""
+        fleet = self.core.fleet
+        lab = fleet.label[fleet.decode]
+        return bool(((fleet.host_rank[t][lab] < pk.NO_HOST)
+                     | (fleet.idle_label[lab] & (fleet.res_tight[fleet.decode] >= t))).any())
+
+    @staticmethod
+    def _may_finish(sim: "Simulator") -> bool:
+        """A request may still finish and so offer a pending hand-off again: one is running or waiting on an
+        instance, or on its way to a decode instance (its KV in transfer)."""
+        return any(inst.running or inst.waiting or inst.n_incoming for inst in sim.instances)
 
     def _place_prefill(self, req: int, sim: "Simulator", now: float) -> int:
         """Disaggregated arrival (§4.2, §4.7): the highest-load prefill instance that still meets the TTFT."""
@@ -994,18 +1069,20 @@ class PolyServeRouter(_FleetRouter):
             return DEFER
         return self._commit(req, int(j[np.argmax(np.where(v.ok, v.load, -1.0))]), sim)
 
-    def _place(self, req: int, sim: "Simulator", now: float, decode: bool = False) -> int:
+    def _place(self, req: int, sim: "Simulator", now: float, decode: bool = False, best_effort: bool = False) -> int:
         """Steps 1-3 of the routing rule over tiered instances (co-located, or the decode instances of a
         disaggregated cluster): an instance index, or DEFER. Candidates: the instances of the request's tier
         (1), of tighter tiers (2, lazy promotion, nearest first; never a looser one), and for scale-up (3) a
         pending instance holding only tier >= t requests or an idle pool instance. Among those that admit
         (:meth:`admission` / :meth:`decode_admission`) the nearest tier wins, scale-up last, and within it the
         highest load (the load gradient): one compiled pass over the instances (:func:`polyserve_kernels.place`).
+        ``best_effort``: route ``req`` as best effort (no deadline), as a demoted request is.
         """
         fleet, table = self.core.fleet, self.core.fleet.table
-        t = self._tier(req)
+        t = fleet.n_tiers if best_effort else self._tier(req)
         ctx, prompt, r0, deadline, xfer_of = self._request(req, decode)
-        i, up = pk.place(t, fleet.n_tiers, fleet.label, fleet.host_rank[t], fleet.idle_label, fleet.res_tight,
+        deadline = INF if best_effort else deadline
+        i, up = pk.place(t, fleet.n_tiers, fleet.label, self._hosts(t, decode), fleet.idle_label, fleet.res_tight,
                          decode, fleet.engine_of, xfer_of, fleet.grid, fleet.curves, fleet.row_tpot, fleet.rem,
                          fleet.csum, fleet.pb, fleet.sa, fleet.n_res, fleet.q_slo, fleet.kv_now, fleet.busy_until,
                          fleet.cap, fleet.max_seqs, table.tokens, table.kv, table.times, fleet.ptable.tokens,
