@@ -1,6 +1,6 @@
 """Reproduce Tempo's headline comparison (Zhang et al. 2025, §6.2 Fig. 9/10/12/13, Fig. 15 ablation) in slogym.
 
-    python scripts/reproduce/tempo.py [--duration 180] [--loads 1.0,1.5] [--seeds 1] [--quick] [--policies a,b]
+    python scripts/reproduce/tempo.py [--duration 180] [--loads 1.0,1.5] [--seeds 1] [--quick] [--policies a,b] [--settings x,y]
 
 Workloads: the presets ``tempo-mix`` (Chatbot, Table 2) and ``tempo-mix-lc`` (LC-Workload lengths of Table 2),
 each with Poisson arrivals and bursty ones (``<name>-bursty``: the ``code`` arrival fingerprint's correlated
@@ -54,6 +54,8 @@ def main() -> None:
     ap.add_argument("--engine", default="llama3-8b-h100")
     ap.add_argument("--quick", action="store_true", help="Poisson tempo-mix only")
     ap.add_argument("--policies", default="", help="comma-separated subset of the policies (default: all)")
+    ap.add_argument("--settings", default="", help="comma-separated subset of the scenarios (tempo-mix, "
+                                                  "tempo-mix-bursty, tempo-mix-lc, tempo-mix-lc-bursty)")
     a = ap.parse_args()
     eng = get_engine(a.engine)
     names = list(TEMPO) + [MEAN] + ["vllm", "sarathi", "autellix"]
@@ -66,6 +68,12 @@ def main() -> None:
     settings = [(w, arr) for w in ("tempo-mix", "tempo-mix-lc") for arr in ("poisson", "bursty")]
     if a.quick:
         settings = settings[:1]
+    if a.settings:
+        chosen = a.settings.split(",")
+        scen_of = {(w, arr): w if arr == "poisson" else f"{w}-bursty" for w, arr in settings}
+        if set(chosen) - set(scen_of.values()):
+            raise SystemExit(f"--settings {a.settings!r}: choose from {sorted(scen_of.values())}")
+        settings = [x for x in settings if scen_of[x] in chosen]
     table: list[tuple[str, dict[str, list[float]]]] = []
     started = time.perf_counter()
     for wname, arrival in settings:
