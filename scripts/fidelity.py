@@ -14,8 +14,8 @@ Steps (one engine process for all of them):
    of the trace with each policy, whose live iterations join the fit (reported beside the profile-only fit);
 3. profile ``--repeats-after`` more passes, so the profile brackets the replays in time, and fit the
    perf-model families that separate prefill from decode work (``fitting.AUTO_FAMILIES``) to the
-   per-composition medians of all passes; keep the one with the lowest held-out MAPE (``fitting.fit_best``;
-   or ``--family``);
+   per-composition medians of all passes; keep the simplest within 0.05 point of the lowest held-out MAPE
+   (``fitting.fit_best``: ``phase-quadratic-pwl`` in every ``medium`` run so far; or ``--family``);
 4. run each policy in the simulator with that model (same KV pool, block size and limits) and compare; run it
    again with the live replays' own same-batch measurement noise injected (``NoisySim``) to see how much of
    the per-request error noise alone explains.
@@ -75,7 +75,8 @@ bookkeeping when requests leave and rejoin, the CPU's cache state after the prev
 noise weigh less (docs/live_engine.md, "Model size"); the CI tests use ``tiny`` (faster). ``medium`` (hidden 512,
 ~4x ``small``'s arithmetic per token, 43 MB of weights; the default) at 1.9 req/s is as busy as ``small`` at 3
 (0.64 against 0.65-0.67); its same-batch noise was about half of ``small``'s on the same day (4.0-4.9 % against
-8.6-9.9 %; docs/live_engine.md, "Model size"), at ~1.4x the run time (12-15 min)."""
+8.6-9.9 %; docs/live_engine.md, "Model size"), at ~1.4x the run time (14-23 min with the third session's
+grid, depending on the load)."""
 
 
 def trace_workload(n: int, rate: float, token_scale: float, max_prompt: int, max_out: int, ttft: float,
