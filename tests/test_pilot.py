@@ -16,6 +16,7 @@ import slogym  # noqa: F401  (registers the envs)
 from helpers import FF_FIELDS, assert_runs_equal, workloads
 from slogym.baselines import make_policy
 from slogym.core import simulator as simulator_module
+from slogym.core.policy import DEFER, SingleOrRoundRobin
 from slogym.core.simulator import Simulator
 from slogym.engines.registry import get_engine
 from slogym.workloads.scenarios import SCENARIOS, make_workload
@@ -81,8 +82,6 @@ def test_pilot_equals_stepping_when_preemptions_overflow_its_log():
 def test_pilot_opts_out_where_it_cannot_stand_in():
     """A router subclass that decides itself, a simulator subclass that overrides a method the pilot replaces,
     and a driver that times iterations itself (defer_timing) are all served by the Python path."""
-    from slogym.core.policy import DEFER, SingleOrRoundRobin
-
     class Picky(SingleOrRoundRobin):
         def route(self, req, sim, now):
             return DEFER if req % 2 else super().route(req, sim, now)
@@ -107,6 +106,41 @@ def test_pilot_opts_out_where_it_cannot_stand_in():
             break
     assert deferred.pilot_iterations == 0
     _assert_same(logged, deferred)
+
+
+class Capped(SingleOrRoundRobin):
+    """Round-robin that defers a request to the global queue while its instance holds ``cap`` requests: the
+    queue is offered again at every finish, so the pilot must stop wherever another instance may finish."""
+
+    def __init__(self, cap: int) -> None:
+        super().__init__()
+        self.cap = cap
+
+    def route(self, req, sim, now):
+        i = super().route(req, sim, now)
+        return DEFER if sim.instances[i].n_resident >= self.cap else i
+
+
+@pytest.mark.parametrize("engine", [H100, TP2], ids=["h100", "70b-tp2"])
+@pytest.mark.parametrize("policy", ["sarathi", "vllm"])
+def test_pilot_equals_stepping_while_the_global_queue_waits_for_a_finish(engine, policy, monkeypatch):
+    """Deferred requests wait for a finish anywhere; the pilot runs an instance past other instances' iteration
+    ends up to the earliest time they could finish (``Simulator._finish_floor``) and ends a finishing iteration
+    only once every other instance has caught up. Bit-identical to stepping, and the floor is used."""
+    w = make_workload("chatbot", rate=SCENARIOS["chatbot"].default_rate * 4, n_requests=300, seed=2)
+    step = _run(w, engine, policy, 3, ff=False, pilot=False, router=Capped(12))
+    extended = []
+    floor = Simulator._finish_floor
+
+    def spy(self):
+        h = floor(self)
+        extended.append(h > self._iter[0][0])
+        return h
+
+    monkeypatch.setattr(Simulator, "_finish_floor", spy)
+    piloted = _run(w, engine, policy, 3, ff=True, pilot=True, router=Capped(12))
+    assert piloted.pilot_iterations > 0 and any(extended), "the floor never reached past an iteration end"
+    _assert_same(step, piloted)
 
 
 def test_fast_forward_does_not_run_through_a_finish_that_frees_kv_for_a_prefill():

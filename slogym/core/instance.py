@@ -70,6 +70,10 @@ class Instance:
             lambda f: float(engine.batch_time(BatchFeatures(*(np.array([v], np.int64) for v in f)))[0]))
         coef = getattr(engine, "compiled_time", None)
         self.time_coef: np.ndarray | None = None if coef is None else coef()  # for the compiled pilot
+        self.dt_floor = _iteration_floor(self.time_coef)
+        # (heap sequence number of the iteration in flight, no request here finishes before this time, the end of
+        # the iteration after it at the earliest): set by the simulator's pilot, see Simulator._finish_floor
+        self.finish_floor: tuple[int, float, float] = (-1, -np.inf, -np.inf)
         self.last_dt = 0.01
         self.iterations = 0
         self.busy_time = 0.0
@@ -129,3 +133,14 @@ class Instance:
         return (f"Instance({self.id}, {self.engine.name}, {self.role.name}, {self.state.name}, "
                 f"waiting={len(self.waiting)}, "
                 f"running={len(self.running)}, free_blocks={self.free_blocks}/{self.total_blocks})")
+
+
+def _iteration_floor(coef: np.ndarray | None) -> float:
+    """A lower bound on any iteration's duration under the compiled perf model ``coef``: its time for one prompt
+    token or one decode step, the two smallest batches (every term of ``analytic_time`` grows with every feature
+    when no coefficient is negative); 0 when there is no compiled model or a coefficient is negative."""
+    if coef is None or (coef < 0).any():
+        return 0.0
+    from slogym.engines.perf_models import analytic_time
+
+    return float(min(analytic_time(1, 1, 1, 0, 0, 0, coef), analytic_time(0, 0, 0, 1, 1, 1, coef)))

@@ -22,7 +22,7 @@ import numpy as np
 from numba import njit
 
 from slogym.core import kernels
-from slogym.core.state import F_TPOT, I_KV, I_NC, I_NT, I_SLEN, I_SLOT
+from slogym.core.state import F_TPOT, I_GEN_STAGE, I_KV, I_NC, I_NT, I_SLEN, I_SLOT
 from slogym.engines.perf_models import analytic_time
 
 _JIT = dict(cache=True, nogil=True, error_model="numpy")
@@ -75,7 +75,7 @@ def run_instance(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in,
                  outcome, finish, be, recomputed, n_preempt, simple, arrival, group, max_ctx, instance, stage_ptr,
                  is_dec_stage, stage_ttft, stage_tokens, stage_tpot, w_in, alpha, no_tpot, idx, tok, running, head,
                  work, ev_t, coef, more_waiting, hand_finishes, free, block_size, inst_id, na, absorb_cap, rule, budget,
-                 max_seqs, reserve, t, horizon, busy_time):
+                 max_seqs, reserve, t, horizon, busy_time, dt_floor, sync):
     """End the batch ``idx``/``tok`` in flight at ``t`` and run the instance until the next iteration would end at
     or after ``horizon``, or until the Python path must take over. Scalars travel as arguments (a compiled call
     unboxes a Python int or float in ~35 ns, far less than writing it into an array first).
@@ -84,6 +84,9 @@ def run_instance(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in,
     longer). Stage ends are applied here only for ``simple`` requests ending their last stage (a plain prompt +
     decode outside any group) and when not ``hand_finishes`` (a finish must wake the cluster's global queue); any
     other makes the iteration end with ``TRANSITIONS`` (the stage ends in ``work[W_FIN, :m]``). With
+    ``hand_finishes``, an iteration that may end a stage ends here only before ``sync`` (the next iteration end of
+    any other instance), so that every instance has reached the finish's time when the simulator acts on it;
+    otherwise it stays in flight (``LAUNCHED``) and the simulator ends it in time order. With
     ``absorb_cap`` (the instance's KV capacity in tokens; 0 = off) it also places the arrivals from ``na`` on,
     which the router would send here whatever they are, until one is a group member or too large for the instance
     (the simulator's to route or drop); the horizon then excludes arrivals.
@@ -93,8 +96,10 @@ def run_instance(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in,
     the new waiting head's length (``work[W_WAIT]``: it replaces ``head``), requests finished (``work[W_DONE]``,
     in order), free KV blocks, iterations ended, tokens computed, preemptions (``ev_t``, ``work[W_EVR]``,
     ``work[W_EVNC]``), the next arrival, arrivals appended behind the head (``work[W_APP]``), whether the running
-    set differs from ``running``, and whether the launched batch is ``idx``/``tok`` again. With ``LAUNCHED`` the
-    batch ``work[W_REQ, :m]``/``work[W_TOK, :m]`` is in flight from ``t`` to ``t_end``.
+    set differs from ``running``, whether the launched batch is ``idx``/``tok`` again, and (with ``LAUNCHED``) the
+    time before which no request on the instance can finish (:func:`_finish_floor`; ``dt_floor``: a lower bound
+    on any iteration's duration). With ``LAUNCHED`` the batch ``work[W_REQ, :m]``/``work[W_TOK, :m]`` is in
+    flight from ``t`` to ``t_end``.
     """
     run = work[W_RUN]
     run[:running.size] = running
@@ -104,7 +109,7 @@ def run_instance(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in,
                outcome, finish, be, recomputed, n_preempt, simple, arrival, group, max_ctx, instance, stage_ptr,
                is_dec_stage, stage_ttft, stage_tokens, stage_tpot, w_in, alpha, no_tpot, idx, tok, run,
                running.size, wq, head.size, more_waiting, hand_finishes, free, block_size, inst_id, rule, budget,
-               max_seqs, reserve, na, absorb_cap, coef, t, horizon, busy_time, work, ev_t)
+               max_seqs, reserve, na, absorb_cap, coef, t, horizon, sync, busy_time, work, ev_t)
     m = out[3]
     same = out[0] == LAUNCHED and m == idx.size
     if same:
@@ -112,7 +117,44 @@ def run_instance(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in,
             if work[W_REQ, j] != idx[j] or work[W_TOK, j] != tok[j]:
                 same = False
                 break
-    return out + (same,)
+    floor = -np.inf
+    if out[0] == LAUNCHED:
+        floor = _finish_floor(I, stage, is_dec_stage, work[W_REQ, :m], work[W_TOK, :m], work[W_RUN, :out[4]],
+                              out[5] > 0 or more_waiting, out[2], dt_floor)
+    return out + (same, floor)
+
+
+@njit(**_JIT)
+def _may_end_stage(I, stage, is_dec_stage, idx, tok) -> bool:
+    """Could the batch ``idx``/``tok`` end a request's stage (a decode stage's last token, or a prompt)?"""
+    for j in range(idx.size):
+        r = idx[j]
+        if I[r, I_NC] + tok[j] == I[r, I_NT] and (
+                not is_dec_stage[stage[r]] or I[r, I_GEN_STAGE] + 1 == I[r, I_SLEN]):
+            return True
+    return False
+
+
+@njit(**_JIT)
+def _finish_floor(I, stage, is_dec_stage, req, rtok, running, any_waiting, t_end, dt_floor) -> float:
+    """No request on the instance can end a stage before the returned time, whatever happens elsewhere, while
+    the batch ``req``/``rtok`` ends at ``t_end`` and every later iteration lasts at least ``dt_floor``: a request
+    needs one iteration per output token it has yet to emit (a decode step emits one), a prompt or a waiting
+    request at least one. Stage ends bound finishes from below, so the simulator may run other instances up to
+    this time while the cluster's global queue waits for a finish."""
+    k = 1 if any_waiting else 1 << 62  # iterations after this one before the earliest stage end
+    for j in range(running.size):  # not counting this iteration
+        r = running[j]
+        left = I[r, I_SLEN] - I[r, I_GEN_STAGE] if is_dec_stage[stage[r]] else 1
+        if left < k:
+            k = left
+    for j in range(req.size):  # emitting a token (or ending a prompt) at t_end counts one less
+        r = req[j]
+        if I[r, I_NC] + rtok[j] == I[r, I_NT]:
+            left = I[r, I_SLEN] - I[r, I_GEN_STAGE] - 1 if is_dec_stage[stage[r]] else 0
+            if left < k:
+                k = left
+    return t_end + k * dt_floor * (1.0 - 1e-9)  # the margin absorbs rounding of the sum of k iteration times
 
 
 @njit(**_JIT)
@@ -120,7 +162,7 @@ def _run(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_t
          finish, be, recomputed, n_preempt, simple, arrival, group, max_ctx, instance, stage_ptr, is_dec_stage,
          stage_ttft, stage_tokens, stage_tpot, w_in, alpha, no_tpot, idx, tok, running, n_run, wq, n_wq,
          more_waiting, hand_finishes, free, block_size, inst_id, rule, budget, max_seqs, reserve, na, absorb_cap, coef,
-         t, horizon, busy_time, work, ev_t):
+         t, horizon, sync, busy_time, work, ev_t):
     """:func:`run_instance`'s event loop; returns ``(code, t, t_end, m, n_run, n_wq, n_done, free, iterations,
     tokens, busy_time, last_dt, n_events, na, n_appended, running_changed)``. With ``absorb_cap`` (the instance's KV capacity in
     tokens; 0 = off) it also takes the arrivals from ``na`` on that the router sends here whatever they are."""
@@ -141,7 +183,8 @@ def _run(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_t
             else:
                 ta = arrival[na]
         if in_flight and t_end <= ta:
-            if iters and not t_end < horizon:
+            if iters and (not t_end < horizon or hand_finishes and not t_end < sync and _may_end_stage(
+                    I, stage, is_dec_stage, idx, tok)):
                 return LAUNCHED, t, t_end, m, n_run, n_wq, n_done, free, iters, tokens, busy_time, last_dt, n_ev, \
                     na, n_app, run_chg
             t = t_end

@@ -487,6 +487,9 @@ class Simulator:
             inst.waiting.insert(0, r)
         else:
             inst.waiting.append(r)
+            seq, floor, after_next = inst.finish_floor
+            if floor > after_next:  # it could finish in the instance's next iteration
+                inst.finish_floor = (seq, after_next, after_next)
         if self.rs.kv_blocks[r] > 0:
             self._waits_with_kv[r] = True
             inst.n_waiting_kv += 1
@@ -631,14 +634,31 @@ class Simulator:
         h = self.w.arrival[self._na] if arrivals and self._na < len(self.w) else INF
         if self._glob:
             h = min(h, self._glob[0][0])
-        if self._iter and (self.policy.router.coupled or self.global_queue or self._held or self._handoff_wait):
-            # another instance's iteration end may finish a request that wakes one for this instance
-            h = min(h, self._iter[0][0])
-        elif self._pd and self._iter:
+        if not self._iter:
+            return h
+        if self.policy.router.coupled or self._held or self._handoff_wait:
+            # another instance's iteration end may wake something for this instance
+            return min(h, self._iter[0][0])
+        if self.global_queue:  # a finish elsewhere offers the deferred requests again
+            h = min(h, self._finish_floor())
+        if self._pd:
             # a prefill instance's iteration end hands KV off: route_decode reads the decode instances' state
             # then, and the transfer it starts may end inside this stretch
             ins = self.instances
             h = min(h, min((e[0] for e in self._iter if ins[e[2]].role == Role.PREFILL), default=INF))
+        return h
+
+    def _finish_floor(self) -> float:
+        """Earliest time a request on an instance with an iteration in flight could finish: its iteration's end,
+        or later where the pilot launched that iteration and bounded it (``Instance.finish_floor``)."""
+        ins = self.instances
+        h = INF
+        for t, seq, i in self._iter:
+            s, floor, _ = ins[i].finish_floor
+            if s == seq and floor > t:
+                t = floor
+            if t < h:
+                h = t
         return h
 
     def _fast_forward(self, inst: Instance, idx: np.ndarray, tok: np.ndarray, t: float, horizon: float,
@@ -756,12 +776,14 @@ class Simulator:
         router = self.policy.router
         # arrivals are placed by the pilot too when the router would send every one here
         absorb = not (self.agent_route or self.global_queue) and router.pilot_target(self) == inst.id
+        horizon = self._ff_horizon(arrivals=not absorb)
+        sync = self._iter[0][0] if self._iter else INF  # the next iteration end elsewhere
         (code, t, t_end, m, n_run, n_wait, n_done, inst.free_blocks, iters, tokens, busy, last_dt, n_ev, na, n_app,
-         run_changed, same) = pilot.run_instance(
+         run_changed, same, floor) = pilot.run_instance(
             *self._pilot_args, idx, tok, inst.running_array(), head, work, ev_t, inst.time_coef,
             len(waiting) > _PILOT_HEAD, bool(self.global_queue or self._handoff_wait), inst.free_blocks,
             inst.block_size, inst.id, self._na, inst.total_blocks * inst.block_size if absorb else 0, *rule, t,
-            self._ff_horizon(arrivals=not absorb), inst.busy_time)
+            horizon, inst.busy_time, inst.dt_floor, sync)
         if na != self._na:
             router.pilot_routed(na - self._na)
             self.pilot_arrivals += na - self._na
@@ -789,6 +811,7 @@ class Simulator:
                                                            None)
             self._seq += 1
             heapq.heappush(self._iter, (t_end, self._seq, inst.id))
+            inst.finish_floor = (self._seq, floor, t_end + inst.dt_floor)
             return code
         if iters > 1:
             inst.last_dt = last_dt
