@@ -58,6 +58,20 @@ def test_validation_names_request_and_field(arrival, stages, pattern):
         raw(arrival, stages)
 
 
+@pytest.mark.parametrize("second,pattern", [
+    (dict(ttlt=9.0), r"request 1: field 'ttlt' is 9.0 but request 0 of the same collective group 7 has 5.0"),
+    (dict(best_effort=True), r"request 1: field 'best_effort' is True but request 0 .* group 7 has False"),
+    (dict(arrival=0.5), r"request 1: field 'arrival' is 0.5 but request 0 .* group 7 has 0.0"),
+    (dict(group_stage=-1), r"request 1: field 'group_stage' is -1 in collective group 7"),
+])
+def test_collective_calls_must_agree_on_what_the_group_is_scored_with(second, pattern):
+    first = dict(arrival=0.0, stages=CHAT, ttlt=5.0, group=7, group_stage=0)
+    ok = Workload.from_requests([Request(**first), Request(**(first | {"group_stage": 1}))])
+    assert list(ok.group) == [7, 7]
+    with pytest.raises(WorkloadError, match=pattern):
+        Workload.from_requests([Request(**first), Request(**(first | {"group_stage": 1} | second))])
+
+
 def test_from_requests_sorts_and_two_stage_validates():
     w = Workload.from_requests([Request(2.0, CHAT), Request(1.0, [prefill(7), decode(1)])])
     assert list(w.arrival) == [1.0, 2.0] and list(w.input_tokens) == [7, 10]

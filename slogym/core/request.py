@@ -325,3 +325,28 @@ class Workload:
             j = int(np.flatnonzero(bad)[0])
             i = int(np.searchsorted(self.stage_ptr, j, side="right") - 1)
             raise WorkloadError(f"request {i}: external stage {j - self.stage_ptr[i]} must be followed by a prefill")
+        self._validate_groups()
+
+    def _validate_groups(self) -> None:
+        """The calls of a collective group share its arrival, end-to-end deadline and best-effort flag (the class
+        docstring): the group is scored once with them (``metrics.user_request_scores``), so a disagreement
+        would be a silent choice."""
+        calls = np.flatnonzero(self.group >= 0)
+        if not calls.size:
+            return
+        if np.any(self.group_stage[calls] < 0):
+            i = int(calls[self.group_stage[calls] < 0][0])
+            raise WorkloadError(f"request {i}: field 'group_stage' is {int(self.group_stage[i])} in collective group "
+                                f"{int(self.group[i])} (must be >= 0)")
+        calls = calls[np.argsort(self.group[calls], kind="stable")]
+        g = self.group[calls]
+        starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+        first = np.repeat(calls[starts], np.diff(np.r_[starts, calls.size]))  # each call's group's first call
+        for f in ("arrival", "ttlt", "best_effort"):
+            a = getattr(self, f)
+            bad = a[calls] != a[first]
+            if np.any(bad):
+                k = int(np.flatnonzero(bad)[0])
+                i, j = int(calls[k]), int(first[k])
+                raise WorkloadError(f"request {i}: field {f!r} is {a[i]} but request {j} of the same collective group "
+                                    f"{int(g[k])} has {a[j]} (a group's calls share its arrival, deadline and best-effort flag)")
