@@ -1018,7 +1018,7 @@ class PolyServeRouter(_FleetRouter):
         if i != DEFER:
             return i
         t = fleet.n_tiers if late else self._tier(req)
-        if t < fleet.n_tiers and fleet.decode.size >= fleet.n_tiers and self._may_finish(sim) and self._has_cluster(t):
+        if self._may_pend(t, sim):
             self.pending[req] = t
             self.pending_tier[t] += 1
             return DEFER
@@ -1045,6 +1045,14 @@ class PolyServeRouter(_FleetRouter):
         fleet = self.core.fleet
         j = int(fleet.decode[0])
         return now + float(xfer[fleet.engine_of[j]]) + fleet.table.time_one(1, ctx) > deadline
+
+    def _may_pend(self, t: int, sim: "Simulator") -> bool:
+        """A hand-off of tier ``t`` (``n_tiers``: best effort, never) may wait: the decode side holds a cluster
+        per tier, something may still finish (:meth:`_may_finish`) and some decode instance may host tier ``t``
+        (:meth:`_has_cluster`)."""
+        fleet = self.core.fleet
+        return (t < fleet.n_tiers and fleet.decode.size >= fleet.n_tiers and self._may_finish(sim)
+                and self._has_cluster(t))
 
     def _has_cluster(self, t: int) -> bool:
         """Some decode instance hosts tier ``t`` (its own or a tighter tier) or may scale up to it (the pool, or
