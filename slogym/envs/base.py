@@ -242,7 +242,7 @@ class ServingEnv(gym.Env):
 
     def _info(self) -> dict[str, Any]:
         sim = self.sim
-        return {"time": sim.now, "done_requests": sim._n_done, "slo_met": self._n_met,
+        return {"time": float(sim.now), "done_requests": sim._n_done, "slo_met": self._n_met,
                 "attainment_ewma": self._ewma}
 
     def _recent(self) -> np.ndarray:
