@@ -125,22 +125,39 @@ class Capped(SingleOrRoundRobin):
 @pytest.mark.parametrize("policy", ["sarathi", "vllm"])
 def test_pilot_equals_stepping_while_the_global_queue_waits_for_a_finish(engine, policy, monkeypatch):
     """Deferred requests wait for a finish anywhere; the pilot runs an instance past other instances' iteration
-    ends up to the earliest time they could finish (``Simulator._finish_floor``) and ends a finishing iteration
+    ends up to the earliest time they could finish (``Simulator._earliest_finish``) and ends a finishing iteration
     only once every other instance has caught up. Bit-identical to stepping, and the floor is used."""
     w = make_workload("chatbot", rate=SCENARIOS["chatbot"].default_rate * 4, n_requests=300, seed=2)
     step = _run(w, engine, policy, 3, ff=False, pilot=False, router=Capped(12))
     extended = []
-    floor = Simulator._finish_floor
+    earliest = Simulator._earliest_finish
 
     def spy(self):
-        h = floor(self)
+        h = earliest(self)
         extended.append(h > self._iter[0][0])
         return h
 
-    monkeypatch.setattr(Simulator, "_finish_floor", spy)
+    monkeypatch.setattr(Simulator, "_earliest_finish", spy)
     piloted = _run(w, engine, policy, 3, ff=True, pilot=True, router=Capped(12))
     assert piloted.pilot_iterations > 0 and any(extended), "the floor never reached past an iteration end"
     _assert_same(step, piloted)
+
+
+@pytest.mark.parametrize("policy", ["sarathi", "vllm"])
+def test_pilot_equals_stepping_when_instances_end_iterations_at_the_same_time(policy):
+    """Regression: two identical instances run identical batches, so every iteration end ties. A piloted instance
+    launches its iterations ahead of the other; ties must still go in the heap's order (the lower instance id
+    first), as stepping takes them, or the deferred requests land on other instances."""
+    from slogym.core.request import Request, Workload, decode, prefill
+
+    reqs = [Request(0.0, [prefill(100), decode(30)]) for _ in range(2)]
+    reqs += [Request(0.0, [prefill(50 + 10 * k), decode(5 + 7 * k)]) for k in range(6)]
+    w = Workload.from_requests(reqs)
+    step = _run(w, H100, policy, 2, ff=False, pilot=False, router=Capped(1))
+    piloted = _run(w, H100, policy, 2, ff=True, pilot=True, router=Capped(1))
+    assert piloted.pilot_iterations > 0
+    _assert_same(step, piloted)
+    _assert_same(step, _run(w, H100, policy, 2, ff=True, pilot=False, router=Capped(1)))
 
 
 def test_fast_forward_does_not_run_through_a_finish_that_frees_kv_for_a_prefill():

@@ -72,7 +72,7 @@ class Instance:
         self.time_coef: np.ndarray | None = None if coef is None else coef()  # for the compiled pilot
         self.dt_floor = _iteration_floor(self.time_coef)
         # (heap sequence number of the iteration in flight, no request here finishes before this time, the end of
-        # the iteration after it at the earliest): set by the simulator's pilot, see Simulator._finish_floor
+        # the iteration after it at the earliest): set by the simulator's pilot, see Simulator._earliest_finish
         self.finish_floor: tuple[int, float, float] = (-1, -np.inf, -np.inf)
         self.last_dt = 0.01
         self.iterations = 0
@@ -141,6 +141,6 @@ def _iteration_floor(coef: np.ndarray | None) -> float:
     when no coefficient is negative); 0 when there is no compiled model or a coefficient is negative."""
     if coef is None or (coef < 0).any():
         return 0.0
-    from slogym.engines.perf_models import analytic_time
+    from slogym.engines.perf_models import analytic_time  # engines import core: imported on first use
 
     return float(min(analytic_time(1, 1, 1, 0, 0, 0, coef), analytic_time(0, 0, 0, 1, 1, 1, coef)))

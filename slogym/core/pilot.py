@@ -11,7 +11,10 @@ calls (:func:`~slogym.core.kernels.end_iteration`, ``end_prefill``, ``take_in_or
 The pilot hands control back to the simulator, with the state at a consistent point, whenever the Python
 path would do something it does not model: a preemption or an unstick (KV shortage), a request that is not a
 plain prompt + decode (tool calls, more stages, collective groups), a waiting queue longer than the head it
-was given, or an iteration that ends at or after the horizon (the next event). Schedulers opt in with
+was given, or an iteration that ends at or after the horizon (the next event). While the cluster's global queue
+waits for a finish, the horizon is the earliest time another instance could finish a request (the floor each
+launch reports, :func:`_finish_floor`), and an iteration that may finish one is ended only in the simulator's
+heap order (before every other instance's next iteration end). Schedulers opt in with
 ``pilot_rule`` (:class:`~slogym.baselines.sarathi.SarathiScheduler`, :class:`~slogym.baselines.vllm.VLLMScheduler`),
 perf models with ``compiled_time`` (the analytic family).
 """
@@ -75,7 +78,7 @@ def run_instance(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in,
                  outcome, finish, be, recomputed, n_preempt, simple, arrival, group, max_ctx, instance, stage_ptr,
                  is_dec_stage, stage_ttft, stage_tokens, stage_tpot, w_in, alpha, no_tpot, idx, tok, running, head,
                  work, ev_t, coef, more_waiting, hand_finishes, free, block_size, inst_id, na, absorb_cap, rule, budget,
-                 max_seqs, reserve, t, horizon, busy_time, dt_floor, sync):
+                 max_seqs, reserve, t, horizon, busy_time, dt_floor, sync_t, sync_id):
     """End the batch ``idx``/``tok`` in flight at ``t`` and run the instance until the next iteration would end at
     or after ``horizon``, or until the Python path must take over. Scalars travel as arguments (a compiled call
     unboxes a Python int or float in ~35 ns, far less than writing it into an array first).
@@ -84,15 +87,16 @@ def run_instance(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in,
     longer). Stage ends are applied here only for ``simple`` requests ending their last stage (a plain prompt +
     decode outside any group) and when not ``hand_finishes`` (a finish must wake the cluster's global queue); any
     other makes the iteration end with ``TRANSITIONS`` (the stage ends in ``work[W_FIN, :m]``). With
-    ``hand_finishes``, an iteration that may end a stage ends here only before ``sync`` (the next iteration end of
-    any other instance), so that every instance has reached the finish's time when the simulator acts on it;
-    otherwise it stays in flight (``LAUNCHED``) and the simulator ends it in time order. With
+    ``hand_finishes``, an iteration that may end a stage ends here only if it comes before ``(sync_t, sync_id)``
+    (the next iteration end of any other instance, a tie going to the lower instance id as in the simulator's
+    heap), so that every instance has reached the finish's time when the simulator acts on it; otherwise it stays
+    in flight (``LAUNCHED``) and the simulator ends it in that order. With
     ``absorb_cap`` (the instance's KV capacity in tokens; 0 = off) it also places the arrivals from ``na`` on,
     which the router would send here whatever they are, until one is a group member or too large for the instance
     (the simulator's to route or drop); the horizon then excludes arrivals.
 
     Returns ``(code, t, t_end, m, n_run, n_wait, n_done, free, iterations, tokens, busy_time, last_dt, n_events,
-    na, n_appended, running_changed, same_batch)``: the time it stopped at, the running count (``work[W_RUN]``),
+    na, n_appended, running_changed, same_batch, finish_floor)``: the time it stopped at, the running count (``work[W_RUN]``),
     the new waiting head's length (``work[W_WAIT]``: it replaces ``head``), requests finished (``work[W_DONE]``,
     in order), free KV blocks, iterations ended, tokens computed, preemptions (``ev_t``, ``work[W_EVR]``,
     ``work[W_EVNC]``), the next arrival, arrivals appended behind the head (``work[W_APP]``), whether the running
@@ -109,7 +113,7 @@ def run_instance(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in,
                outcome, finish, be, recomputed, n_preempt, simple, arrival, group, max_ctx, instance, stage_ptr,
                is_dec_stage, stage_ttft, stage_tokens, stage_tpot, w_in, alpha, no_tpot, idx, tok, run,
                running.size, wq, head.size, more_waiting, hand_finishes, free, block_size, inst_id, rule, budget,
-               max_seqs, reserve, na, absorb_cap, coef, t, horizon, sync, busy_time, work, ev_t)
+               max_seqs, reserve, na, absorb_cap, coef, t, horizon, sync_t, sync_id, busy_time, work, ev_t)
     m = out[3]
     same = out[0] == LAUNCHED and m == idx.size
     if same:
@@ -119,42 +123,61 @@ def run_instance(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in,
                 break
     floor = -np.inf
     if out[0] == LAUNCHED:
-        floor = _finish_floor(I, stage, is_dec_stage, work[W_REQ, :m], work[W_TOK, :m], work[W_RUN, :out[4]],
-                              out[5] > 0 or more_waiting, out[2], dt_floor)
+        floor = _finish_floor(I, stage, stage_ptr, is_dec_stage, stage_tokens, work[W_REQ, :m], work[W_TOK, :m],
+                              work[W_RUN, :out[4]], out[5] > 0 or more_waiting, out[2], dt_floor)
     return out + (same, floor)
 
 
 @njit(**_JIT)
-def _may_end_stage(I, stage, is_dec_stage, idx, tok) -> bool:
-    """Could the batch ``idx``/``tok`` end a request's stage (a decode stage's last token, or a prompt)?"""
+def _decode_after(stage, stage_ptr, is_dec_stage, stage_tokens, r) -> int:
+    """Output tokens of the decode stage that follows request ``r``'s current prompt (0: none follows)."""
+    nxt = stage[r] + 1
+    return stage_tokens[nxt] if nxt < stage_ptr[r + 1] and is_dec_stage[nxt] else 0
+
+
+@njit(**_JIT)
+def _tokens_left(I, stage, stage_ptr, is_dec_stage, stage_tokens, r, emits) -> int:
+    """Iterations after the one in flight before request ``r`` could end a stage: one per output token it has
+    yet to emit (a decode step emits one; a prompt's last chunk emits the first token of the decode after it,
+    ``kernels.end_prefill``), a prompt at least one; ``emits``: it emits (or ends its prompt) as the iteration in
+    flight ends."""
+    if is_dec_stage[stage[r]]:
+        return I[r, I_SLEN] - I[r, I_GEN_STAGE] - (1 if emits else 0)
+    n = _decode_after(stage, stage_ptr, is_dec_stage, stage_tokens, r)
+    return max(n - 1, 0) if emits else max(n, 1)
+
+
+@njit(**_JIT)
+def _may_end_stage(I, stage, stage_ptr, is_dec_stage, stage_tokens, idx, tok) -> bool:
+    """Could the batch ``idx``/``tok`` end a request's stage?"""
     for j in range(idx.size):
-        r = idx[j]
-        if I[r, I_NC] + tok[j] == I[r, I_NT] and (
-                not is_dec_stage[stage[r]] or I[r, I_GEN_STAGE] + 1 == I[r, I_SLEN]):
+        if I[idx[j], I_NC] + tok[j] == I[idx[j], I_NT] and _tokens_left(
+                I, stage, stage_ptr, is_dec_stage, stage_tokens, idx[j], True) == 0:
             return True
     return False
 
 
 @njit(**_JIT)
-def _finish_floor(I, stage, is_dec_stage, req, rtok, running, any_waiting, t_end, dt_floor) -> float:
+def _finish_floor(I, stage, stage_ptr, is_dec_stage, stage_tokens, req, rtok, running, any_waiting, t_end,
+                  dt_floor) -> float:
     """No request on the instance can end a stage before the returned time, whatever happens elsewhere, while
-    the batch ``req``/``rtok`` ends at ``t_end`` and every later iteration lasts at least ``dt_floor``: a request
-    needs one iteration per output token it has yet to emit (a decode step emits one), a prompt or a waiting
-    request at least one. Stage ends bound finishes from below, so the simulator may run other instances up to
-    this time while the cluster's global queue waits for a finish."""
+    the batch ``req``/``rtok`` ends at ``t_end`` and every later iteration lasts at least ``dt_floor``
+    (:func:`_tokens_left` iterations each; a waiting request needs at least one). Stage ends bound finishes from
+    below, so the simulator may run other instances up to this time while the cluster's global queue waits for
+    a finish (``Simulator._earliest_finish``)."""
     k = 1 if any_waiting else 1 << 62  # iterations after this one before the earliest stage end
-    for j in range(running.size):  # not counting this iteration
-        r = running[j]
-        left = I[r, I_SLEN] - I[r, I_GEN_STAGE] if is_dec_stage[stage[r]] else 1
-        if left < k:
-            k = left
-    for j in range(req.size):  # emitting a token (or ending a prompt) at t_end counts one less
-        r = req[j]
-        if I[r, I_NC] + rtok[j] == I[r, I_NT]:
-            left = I[r, I_SLEN] - I[r, I_GEN_STAGE] - 1 if is_dec_stage[stage[r]] else 0
-            if left < k:
-                k = left
-    return t_end + k * dt_floor * (1.0 - 1e-9)  # the margin absorbs rounding of the sum of k iteration times
+    for j in range(running.size):
+        k = min(k, _tokens_left(I, stage, stage_ptr, is_dec_stage, stage_tokens, running[j], False))
+    for j in range(req.size):
+        if I[req[j], I_NC] + rtok[j] == I[req[j], I_NT]:
+            k = min(k, _tokens_left(I, stage, stage_ptr, is_dec_stage, stage_tokens, req[j], True))
+    if k == 0:
+        return t_end
+    if k >= 1 << 62:  # nothing resident (a launched batch always is; kept for safety)
+        return np.inf
+    # each of the k iteration ends is rounded once (half an ulp of the time): the margin keeps the bound below
+    floor = t_end + k * dt_floor
+    return floor - (k + 1) * (4.0 * np.finfo(np.float64).eps * floor + 1e-9 * dt_floor)
 
 
 @njit(**_JIT)
@@ -162,7 +185,7 @@ def _run(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_t
          finish, be, recomputed, n_preempt, simple, arrival, group, max_ctx, instance, stage_ptr, is_dec_stage,
          stage_ttft, stage_tokens, stage_tpot, w_in, alpha, no_tpot, idx, tok, running, n_run, wq, n_wq,
          more_waiting, hand_finishes, free, block_size, inst_id, rule, budget, max_seqs, reserve, na, absorb_cap, coef,
-         t, horizon, sync, busy_time, work, ev_t):
+         t, horizon, sync_t, sync_id, busy_time, work, ev_t):
     """:func:`run_instance`'s event loop; returns ``(code, t, t_end, m, n_run, n_wq, n_done, free, iterations,
     tokens, busy_time, last_dt, n_events, na, n_appended, running_changed)``. With ``absorb_cap`` (the instance's KV capacity in
     tokens; 0 = off) it also takes the arrivals from ``na`` on that the router sends here whatever they are."""
@@ -183,8 +206,9 @@ def _run(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_t
             else:
                 ta = arrival[na]
         if in_flight and t_end <= ta:
-            if iters and (not t_end < horizon or hand_finishes and not t_end < sync and _may_end_stage(
-                    I, stage, is_dec_stage, idx, tok)):
+            if iters and (not t_end < horizon or hand_finishes and not (
+                    t_end < sync_t or t_end == sync_t and inst_id < sync_id) and _may_end_stage(
+                    I, stage, stage_ptr, is_dec_stage, stage_tokens, idx, tok)):
                 return LAUNCHED, t, t_end, m, n_run, n_wq, n_done, free, iters, tokens, busy_time, last_dt, n_ev, \
                     na, n_app, run_chg
             t = t_end

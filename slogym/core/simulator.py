@@ -53,7 +53,8 @@ _NONE = np.zeros(0, np.int64)
 _NO_PILOT = -1  # Simulator._pilot: the compiled pilot does not apply
 _PILOT_REPLACES = ("on_kv_freed", "on_request_placed", "log_event", "_on_arrival", "_begin", "_route", "_place",
                    "_enqueue", "_dequeue", "_schedule", "_apply_side_actions", "_preempt", "_release", "_drop_kv",
-                   "_launch", "_admit", "_transition", "_end_decode_stage", "_next_stage_after", "_done")
+                   "_launch", "_admit", "_transition", "_end_decode_stage", "_next_stage_after", "_done",
+                   "_on_iteration_done")
 # fewer iterations to the next event than this are stepped: a bulk call costs about as much as ~4 steps
 FF_MIN_STRETCH = 4
 _Gen = Generator[tuple, Any, None]
@@ -326,6 +327,8 @@ class Simulator:
         self.events: list[tuple[float, str, int, int, int]] = []
         self.dropped_reasons: dict[str, int] = {}
         self.rng = np.random.default_rng(self.seed)
+        # iteration ends (time, instance id, sequence number): a tie goes to the lower instance id, whatever the
+        # order the iterations were launched in (the pilot launches an instance's iterations ahead of the others)
         self._iter: list[tuple[float, int, int]] = []
         self._glob: list[tuple[float, int, int, Any]] = []
         self._seq = 0
@@ -363,6 +366,7 @@ class Simulator:
         self._lifecycle = False  # set by the first drain / switch / add: instances may then stop or flip
         self._xfer_dst: dict[int, int] = {}  # request -> decode instance, while its KV is in flight
         self._handoff_wait: list[int] = []  # prefilled requests no decode instance could take yet
+        self._pilot_fin: list[int] = []  # stage ends a pilot run left to _pilot_handback
         self.kv_transfers = 0
 
     # ================================================================== event loop
@@ -378,7 +382,7 @@ class Simulator:
             ti = it[0][0] if it else INF
             tg = gl[0][0] if gl else INF
             if ti <= tg and ti <= ta and ti < INF:
-                t, _, i = heapq.heappop(it)
+                t, i, _ = heapq.heappop(it)
                 self.now = t
                 inst = self.instances[i]
                 code = self._pilot(inst, t) if self._pilot_on else _NO_PILOT
@@ -615,7 +619,7 @@ class Simulator:
         inst.busy_time += dt
         inst.last_dt = dt
         self._seq += 1
-        heapq.heappush(self._iter, (t + dt, self._seq, inst.id))
+        heapq.heappush(self._iter, (t + dt, inst.id, self._seq))
 
     def _admit(self, inst: Instance, idx: np.ndarray, t: float) -> None:
         """Waiting requests of a batch join the running set."""
@@ -640,20 +644,20 @@ class Simulator:
             # another instance's iteration end may wake something for this instance
             return min(h, self._iter[0][0])
         if self.global_queue:  # a finish elsewhere offers the deferred requests again
-            h = min(h, self._finish_floor())
+            h = min(h, self._earliest_finish())
         if self._pd:
             # a prefill instance's iteration end hands KV off: route_decode reads the decode instances' state
             # then, and the transfer it starts may end inside this stretch
             ins = self.instances
-            h = min(h, min((e[0] for e in self._iter if ins[e[2]].role == Role.PREFILL), default=INF))
+            h = min(h, min((e[0] for e in self._iter if ins[e[1]].role == Role.PREFILL), default=INF))
         return h
 
-    def _finish_floor(self) -> float:
+    def _earliest_finish(self) -> float:
         """Earliest time a request on an instance with an iteration in flight could finish: its iteration's end,
         or later where the pilot launched that iteration and bounded it (``Instance.finish_floor``)."""
         ins = self.instances
         h = INF
-        for t, seq, i in self._iter:
+        for t, i, seq in self._iter:
             s, floor, _ = ins[i].finish_floor
             if s == seq and floor > t:
                 t = floor
@@ -777,13 +781,13 @@ class Simulator:
         # arrivals are placed by the pilot too when the router would send every one here
         absorb = not (self.agent_route or self.global_queue) and router.pilot_target(self) == inst.id
         horizon = self._ff_horizon(arrivals=not absorb)
-        sync = self._iter[0][0] if self._iter else INF  # the next iteration end elsewhere
+        sync_t, sync_id = self._iter[0][:2] if self._iter else (INF, 0)  # the next iteration end elsewhere
         (code, t, t_end, m, n_run, n_wait, n_done, inst.free_blocks, iters, tokens, busy, last_dt, n_ev, na, n_app,
          run_changed, same, floor) = pilot.run_instance(
             *self._pilot_args, idx, tok, inst.running_array(), head, work, ev_t, inst.time_coef,
             len(waiting) > _PILOT_HEAD, bool(self.global_queue or self._handoff_wait), inst.free_blocks,
             inst.block_size, inst.id, self._na, inst.total_blocks * inst.block_size if absorb else 0, *rule, t,
-            horizon, inst.busy_time, inst.dt_floor, sync)
+            horizon, inst.busy_time, inst.dt_floor, sync_t, sync_id)
         if na != self._na:
             router.pilot_routed(na - self._na)
             self.pilot_arrivals += na - self._na
@@ -810,7 +814,7 @@ class Simulator:
             inst.inflight = (idx, tok, None) if same else (work[pilot.W_REQ, :m].copy(), work[pilot.W_TOK, :m].copy(),
                                                            None)
             self._seq += 1
-            heapq.heappush(self._iter, (t_end, self._seq, inst.id))
+            heapq.heappush(self._iter, (t_end, inst.id, self._seq))
             inst.finish_floor = (self._seq, floor, t_end + inst.dt_floor)
             return code
         if iters > 1:
@@ -981,12 +985,15 @@ class Simulator:
         """Ask the router for ``r``'s decode instance and start the KV transfer (or wait for capacity)."""
         rs = self.rs
         d = int(self.policy.router.route_decode(r, self, t))
+        if d == BEST_EFFORT and not rs.be[r]:  # demoted: the router places it as best effort
+            rs.be[r] = True
+            d = int(self.policy.router.route_decode(r, self, t))
         if d == DEFER:
             self._handoff_wait.append(r)
             return
         if not 0 <= d < len(self.instances):
             raise SchedulerError(f"route_decode sent request {r} to instance {d}; expected an instance index "
-                                 f"0..{len(self.instances) - 1} or DEFER={DEFER}")
+                                 f"0..{len(self.instances) - 1}, DEFER={DEFER} or (once) BEST_EFFORT={BEST_EFFORT}")
         dst = self.instances[d]
         if dst.state != InstanceState.ACTIVE or dst.role == Role.PREFILL:
             raise SchedulerError(f"route_decode sent request {r} to instance {d}, which is {dst.state.name} "
