@@ -192,13 +192,14 @@ def workloads(draw: Any, max_requests: int = 10, groups: bool = True, big: bool 
                             priority=draw(st.integers(0, 2)), best_effort=draw(st.booleans()) and
                             draw(st.booleans())))
     if groups and draw(st.booleans()):
-        # a collective request: two or three stages of requests with one arrival
+        # a collective request: two or three stages of requests sharing one arrival and end-to-end deadline
         ta = float(t[draw(st.integers(0, n - 1))])
+        ttlt = draw(st.sampled_from([INF, 3.0]))
         n_stages = draw(st.integers(2, 3))
         for s in range(n_stages):
             for _ in range(draw(st.integers(1, 2))):
                 reqs.append(Request(ta, [prefill(draw(_SMALL), 2.0), decode(draw(_SMALL), 0.2)], app="coll",
-                                    ttlt=draw(st.sampled_from([INF, 3.0])), group=0, group_stage=s))
+                                    ttlt=ttlt, group=0, group_stage=s))
     return Workload.from_requests(reqs)
 
 
