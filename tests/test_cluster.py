@@ -12,8 +12,9 @@ from conftest import ToyEngine
 from helpers import FF_FIELDS, assert_runs_equal, expected_compute, toy_engines, workloads
 from slogym.baselines import make_policy
 from slogym.core.cluster import KVTransfer, cold_start_seconds, model_params_b
+from slogym.core.errors import SchedulerError
 from slogym.core.instance import InstanceState, Role
-from slogym.core.policy import DEFER, Scaler, Scheduler, SingleOrRoundRobin
+from slogym.core.policy import BEST_EFFORT, DEFER, Scaler, Scheduler, SingleOrRoundRobin
 from slogym.core.request import INF, Request, StageKind, Workload, decode, external, prefill
 from slogym.core.simulator import Simulator
 from slogym.core.state import Outcome, Status
@@ -312,3 +313,31 @@ def test_deferred_hand_offs_are_retried_when_a_request_finishes(ff):
     dec = [e for e in sim.events if e[1] == "kv_transfer"]
     fin = np.sort(sim.rs.finish)
     assert all(t >= f for (t, *_), f in zip(dec[1:], fin[:-1]))  # each transfer after the previous finish
+
+
+class DemotingDecode(SingleOrRoundRobin):
+    """Demotes every odd request at its hand-off (``always``: asks to demote a demoted one again too)."""
+
+    def __init__(self, always: bool = False) -> None:
+        super().__init__()
+        self.always = always
+
+    def route_decode(self, req, sim, now):
+        if req % 2 and (self.always or not sim.rs.be[req]):
+            return BEST_EFFORT
+        return super().route_decode(req, sim, now)
+
+
+def test_a_hand_off_demoted_to_best_effort_is_placed_as_one():
+    """``route_decode`` may return BEST_EFFORT: the request becomes best effort and the router is asked again for
+    its decode instance; asking to demote it a second time is an error, not a loop."""
+    eng = ToyEngine()
+    sim = Simulator(_chat(6, gap=0.001, o=10), eng, make_policy("vllm", eng, router=DemotingDecode()), pd=(1, 1),
+                    transfer=XFER, seed=0).run()
+    check_done(sim)
+    assert sim.kv_transfers == 6
+    assert sim.rs.be.tolist() == [False, True] * 3
+    assert (sim.rs.outcome[1::2] == Outcome.BEST_EFFORT).all() and (sim.rs.outcome[::2] == Outcome.FINISHED).all()
+    with pytest.raises(SchedulerError, match="route_decode sent request 1 to instance -3"):
+        Simulator(_chat(6, gap=0.001, o=10), eng, make_policy("vllm", eng, router=DemotingDecode(always=True)),
+                  pd=(1, 1), transfer=XFER, seed=0).run()

@@ -69,8 +69,10 @@ class Router(ABC):
         return min(cands, key=lambda i: sim.instances[i].n_resident) if cands else DEFER
 
     def route_decode(self, req: int, sim: "Simulator", now: float) -> int:
-        """The DECODE instance that receives ``req``'s KV after its prefill on a PREFILL instance; default:
-        the accepting DECODE instance with the most free KV blocks (lowest index on ties), DEFER if none."""
+        """The DECODE instance that receives ``req``'s KV after its prefill on a PREFILL instance, DEFER (asked
+        again when a request finishes or an instance becomes ready), or BEST_EFFORT (``req`` is demoted to best
+        effort, then asked again); default: the accepting DECODE instance with the most free KV blocks (lowest
+        index on ties), DEFER if none."""
         cands = sim.accepting_instances(Role.DECODE)
         return max(cands, key=lambda i: (sim.instances[i].free_blocks, -i)) if cands else DEFER
 
