@@ -232,9 +232,11 @@ def test_user_request_scores_count_a_collective_once(scenario):
     span = sim.end_time - float(w.arrival[0])
     assert s["user_service_gain"] == pytest.approx(gain, rel=1e-9)
     assert s["user_requests"] == n and s["user_attainment"] == pytest.approx(met_scored / n)
-    assert s["user_goodput"] == pytest.approx(met / span)
+    assert s["user_goodput"] == pytest.approx(met / span) and s["user_slo_met"] == met
+    assert s["slo_met"] == int(sim.result().records["slo_met"].sum())
     if scenario == "chatbot":  # no collectives: the per-call figures
-        assert (s["user_attainment"], s["user_goodput"]) == (s["attainment"], s["goodput"])
+        assert (s["user_attainment"], s["user_goodput"], s["user_slo_met"]) == (s["attainment"], s["goodput"],
+                                                                                s["slo_met"])
         assert s["user_service_gain"] == pytest.approx(s["service_gain"])
     else:
         n_calls = int((w.group >= 0).sum())

@@ -286,6 +286,7 @@ def run_summary(sim: "Simulator") -> dict[str, Any]:
         "attainment_by_tier": _attainment(met[has_slo], w.tier[has_slo], list(w.tier_names)),
         "attainment_modes": {m: float(v[has_slo].sum() / n_scored) if n_scored else float("nan")
                              for m, v in verdicts.items()},
+        "slo_met": int(met.sum()),
         "goodput": int(met.sum()) / span,
         "throughput": float(n_served) / span,
         "token_throughput": float(rs.generated.sum()) / span,
@@ -294,6 +295,7 @@ def run_summary(sim: "Simulator") -> dict[str, Any]:
         "sa_objective": attainment / mean_latency if mean_latency > 0 else float("nan"),
         "user_requests": user["n"],
         "user_attainment": user["met_scored"] / user["n"] if user["n"] else float("nan"),
+        "user_slo_met": user["met"],
         "user_goodput": user["met"] / span,
         "user_service_gain": user["gain"],
         "user_service_gain_rate": user["gain"] / span,
