@@ -17,6 +17,7 @@ from helpers import FF_FIELDS, assert_runs_equal, workloads
 from slogym.baselines import make_policy
 from slogym.core import simulator as simulator_module
 from slogym.core.policy import DEFER, SingleOrRoundRobin
+from slogym.core.request import Request, Workload, decode, external, prefill
 from slogym.core.simulator import Simulator
 from slogym.engines.registry import get_engine
 from slogym.workloads.scenarios import SCENARIOS, make_workload
@@ -70,8 +71,7 @@ def test_pilot_equals_stepping_with_a_queue_longer_than_its_head(policy, n_inst)
 
 def test_pilot_equals_stepping_when_preemptions_overflow_its_log():
     """Four requests thrashing one-token KV blocks preempt more times in one stretch than the log holds."""
-    from slogym.core.request import Request, Workload, decode, prefill
-
+    
     engine = replace(TP2, kv_capacity_tokens=24, block_size=1, max_num_seqs=4)
     w = Workload.from_requests([Request(0.001 * i, [prefill(4 + i), decode(12)]) for i in range(4)])
     step = _run(w, engine, "vllm", 1, ff=False, pilot=False)
@@ -148,8 +148,6 @@ def test_pilot_equals_stepping_when_instances_end_iterations_at_the_same_time(po
     """Regression: two identical instances run identical batches, so every iteration end ties. A piloted instance
     launches its iterations ahead of the other; ties must still go in the heap's order (the lower instance id
     first), as stepping takes them, or the deferred requests land on other instances."""
-    from slogym.core.request import Request, Workload, decode, prefill
-
     reqs = [Request(0.0, [prefill(100), decode(30)]) for _ in range(2)]
     reqs += [Request(0.0, [prefill(50 + 10 * k), decode(5 + 7 * k)]) for k in range(6)]
     w = Workload.from_requests(reqs)
@@ -158,6 +156,55 @@ def test_pilot_equals_stepping_when_instances_end_iterations_at_the_same_time(po
     assert piloted.pilot_iterations > 0
     _assert_same(step, piloted)
     _assert_same(step, _run(w, H100, policy, 2, ff=True, pilot=False, router=Capped(1)))
+
+
+def _tied_mixed_workload(seed: int):
+    """Arrivals in tied bursts, request shapes drawn from chat, one-token, prompt-only, reasoning (two decode
+    stages), long and tool-call requests (a 0-50 ms call between two turns), sometimes a collective group; with
+    the cluster drawn too: (workload, engine, instances, Capped cap, policy)."""
+    rng = np.random.default_rng(seed)
+
+    def stages():
+        k = rng.choice(["chat", "chat", "one", "ponly", "reason", "tool", "long"])
+        p = int(rng.integers(1, 400))
+        if k == "chat":
+            return [prefill(p), decode(int(rng.integers(1, 60)))]
+        if k == "one":
+            return [prefill(p), decode(1)]
+        if k == "ponly":
+            return [prefill(p)]
+        if k == "reason":
+            return [prefill(p), decode(int(rng.integers(1, 30))), decode(int(rng.integers(1, 10)))]
+        if k == "long":
+            return [prefill(int(rng.integers(500, 3000))), decode(int(rng.integers(50, 300)))]
+        return [prefill(p), decode(int(rng.integers(1, 10))), external(float(rng.choice([0.0, 0.003, 0.05]))),
+                prefill(int(rng.integers(1, 50))), decode(int(rng.integers(1, 20)))]
+
+    n = int(rng.integers(10, 80))
+    t = np.cumsum(rng.choice([0.0, 0.0, 0.01, 0.1], n))
+    reqs = [Request(float(t[i]), stages()) for i in range(n)]
+    if rng.random() < 0.3:
+        ta = float(t[int(rng.integers(n))])
+        for s in range(int(rng.integers(2, 4))):
+            for _ in range(int(rng.integers(1, 3))):
+                reqs.append(Request(ta, [prefill(int(rng.integers(1, 60))), decode(int(rng.integers(1, 20)))],
+                                    group=0, group_stage=s))
+    base = H100 if rng.random() < 0.5 else TP2
+    kv = int(rng.choice([base.kv_capacity_tokens, 4096, 1024]))
+    engine = replace(base, kv_capacity_tokens=max(kv, 3400), block_size=int(rng.choice([1, 16])))
+    return (Workload.from_requests(reqs), engine, int(rng.integers(2, 5)), int(rng.integers(1, 5)),
+            str(rng.choice(["sarathi", "vllm"])))
+
+
+@pytest.mark.parametrize("seed", [68, 166, 217, 3, 11])
+def test_a_placement_while_the_queue_is_offered_again_stops_at_the_next_finish(seed):
+    """Regression (seeds 68, 166, 217): offering the global queue again placed a request on an idle instance,
+    whose fast-forward then saw an empty queue -- the requests not yet offered had left it -- and ran past the
+    next finish elsewhere, which offers them to that instance. They now leave the queue one by one."""
+    w, engine, n_inst, cap, policy = _tied_mixed_workload(seed)
+    step = _run(w, engine, policy, n_inst, ff=False, pilot=False, router=Capped(cap))
+    _assert_same(step, _run(w, engine, policy, n_inst, ff=True, pilot=False, router=Capped(cap)))
+    _assert_same(step, _run(w, engine, policy, n_inst, ff=True, pilot=True, router=Capped(cap)))
 
 
 def test_fast_forward_does_not_run_through_a_finish_that_frees_kv_for_a_prefill():

@@ -1136,15 +1136,16 @@ class Simulator:
                 heapq.heappush(self._glob, (t, self._seq, _RELEASE, r))
 
     def _retry_queue(self, t: float) -> _Gen:
-        queue, self.global_queue = self.global_queue, []
-        for i, r in enumerate(queue):
+        """Offer the deferred requests again, in order. Each leaves the queue only as it is offered: the rest still
+        wait in it, so a fast-forward that a placement starts stops where a finish would offer them."""
+        queue = self.global_queue
+        for r in queue[:]:
+            queue.pop(0)  # r, at the front
             self.rs.status[r] = Status.PENDING
             yield from self._route(r, t)
             if self.rs.status[r] == Status.QUEUED and not self.agent_route:
-                # still deferred: keep the rest in order without asking again this round
-                self.global_queue.extend(q for q in queue[i + 1:])
-                for q in queue[i + 1:]:
-                    self.rs.status[q] = Status.QUEUED
+                # still deferred (appended behind the rest): back to the front, the rest not asked this round
+                queue.insert(0, queue.pop())
                 return
 
     # ================================================================== end of run
