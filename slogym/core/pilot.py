@@ -95,15 +95,15 @@ def run_instance(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in,
     which the router would send here whatever they are, until one is a group member or too large for the instance
     (the simulator's to route or drop); the horizon then excludes arrivals.
 
-    Returns ``(code, t, t_end, m, n_run, n_wait, n_done, free, iterations, tokens, busy_time, last_dt, n_events,
-    na, n_appended, running_changed, same_batch, finish_floor)``: the time it stopped at, the running count (``work[W_RUN]``),
-    the new waiting head's length (``work[W_WAIT]``: it replaces ``head``), requests finished (``work[W_DONE]``,
-    in order), free KV blocks, iterations ended, tokens computed, preemptions (``ev_t``, ``work[W_EVR]``,
-    ``work[W_EVNC]``), the next arrival, arrivals appended behind the head (``work[W_APP]``), whether the running
-    set differs from ``running``, whether the launched batch is ``idx``/``tok`` again, and (with ``LAUNCHED``) the
-    time before which no request on the instance can finish (:func:`_finish_floor`; ``dt_floor``: a lower bound
-    on any iteration's duration). With ``LAUNCHED`` the batch ``work[W_REQ, :m]``/``work[W_TOK, :m]`` is in
-    flight from ``t`` to ``t_end``.
+    Returns ``(code, t, t_end, m, n_run, n_wait, n_done, free, iterations, tokens, busy_time, last_dt, n_events, na,
+    n_appended, running_changed, same_batch, finish_floor)``: the time it stopped at, the running count
+    (``work[W_RUN]``), the new waiting head's length (``work[W_WAIT]``: it replaces ``head``), requests finished
+    (``work[W_DONE]``, in order), free KV blocks, iterations ended, tokens computed, preemptions (``ev_t``,
+    ``work[W_EVR]``, ``work[W_EVNC]``), the next arrival, arrivals appended behind the head (``work[W_APP]``),
+    whether the running set differs from ``running``, whether the launched batch is ``idx``/``tok`` again, and (with
+    ``LAUNCHED``) the time before which no request on the instance can finish (:func:`_finish_floor`; ``dt_floor``:
+    a lower bound on any iteration's duration). With ``LAUNCHED`` the batch ``work[W_REQ, :m]``/``work[W_TOK, :m]``
+    is in flight from ``t`` to ``t_end``.
     """
     run = work[W_RUN]
     run[:running.size] = running
@@ -187,8 +187,9 @@ def _run(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_t
          more_waiting, hand_finishes, free, block_size, inst_id, rule, budget, max_seqs, reserve, na, absorb_cap, coef,
          t, horizon, sync_t, sync_id, busy_time, work, ev_t):
     """:func:`run_instance`'s event loop; returns ``(code, t, t_end, m, n_run, n_wq, n_done, free, iterations,
-    tokens, busy_time, last_dt, n_events, na, n_appended, running_changed)``. With ``absorb_cap`` (the instance's KV capacity in
-    tokens; 0 = off) it also takes the arrivals from ``na`` on that the router sends here whatever they are."""
+    tokens, busy_time, last_dt, n_events, na, n_appended, running_changed)``. With ``absorb_cap`` (the instance's
+    KV capacity in tokens; 0 = off) it also takes the arrivals from ``na`` on that the router sends here whatever
+    they are."""
     done, req, rtok, blocks = work[W_DONE], work[W_REQ], work[W_TOK], work[W_BLOCKS]
     buf1, buf2, no_spec, vict, app = work[W_FIN], work[W_PRE], work[W_ZERO], work[W_VICT], work[W_APP]
     n_done = iters = tokens = n_ev = n_app = m = 0

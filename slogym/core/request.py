@@ -349,4 +349,5 @@ class Workload:
                 k = int(np.flatnonzero(bad)[0])
                 i, j = int(calls[k]), int(first[k])
                 raise WorkloadError(f"request {i}: field {f!r} is {a[i]} but request {j} of the same collective group "
-                                    f"{int(g[k])} has {a[j]} (a group's calls share its arrival, deadline and best-effort flag)")
+                                    f"{int(g[k])} has {a[j]} (a group's calls share its arrival, deadline and "
+                                    f"best-effort flag)")
