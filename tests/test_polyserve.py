@@ -12,10 +12,10 @@ import pytest
 from helpers import assert_runs_equal
 from slogym.baselines import make_policy
 from slogym.baselines import polyserve_kernels as pk
-from slogym.baselines.polyserve import (POLICIES, _profiled, dynamic_chunk, future_kv_peak, prefill_profile_table,
-                                        profile_table, remaining_curve)
+from slogym.baselines.polyserve import (POLICIES, PolyServeScaler, _profiled, dynamic_chunk, future_kv_peak,
+                                        prefill_profile_table, profile_table, remaining_curve)
 from slogym.core.batch import BatchFeatures
-from slogym.core.policy import DEFER
+from slogym.core.policy import BEST_EFFORT, DEFER
 from slogym.core.request import Request, Workload, decode, prefill
 from slogym.core.simulator import Simulator
 from slogym.core.state import Outcome, Status
@@ -380,7 +380,7 @@ def test_pd_every_request_one_outcome_and_no_looser_decode_host(name: str, n_dec
     pol = make_policy(name, ENGINE, max_num_seqs=16)
     hosts: list[tuple[int, int, bool]] = []
     inner = pol.router.route_decode
-    deferred = 0
+    deferred, demoted = 0, []
 
     def route_decode(req, sim, now):
         nonlocal deferred
@@ -388,6 +388,9 @@ def test_pd_every_request_one_outcome_and_no_looser_decode_host(name: str, n_dec
         i = inner(req, sim, now)
         if i == DEFER:
             deferred += 1
+        elif i == BEST_EFFORT:
+            assert late and not sim.rs.be[req]   # only a hand-off whose next token is lost, and only once
+            demoted.append(req)
         else:
             hosts.append((req, int(pol.router.core.fleet.label[i]), late))
         return i
@@ -406,7 +409,10 @@ def test_pd_every_request_one_outcome_and_no_looser_decode_host(name: str, n_dec
     if name == "polyserve-pd":
         # a demoted request, or one whose next token is lost, is best effort, routed like it (the pool first)
         assert all(label <= fleet.rtier[r] for r, label, late in hosts
-                   if fleet.rtier[r] < fleet.n_tiers and not sim.rs.be[r] and not late)
+                   if fleet.rtier[r] < fleet.n_tiers and not sim.rs.be[r])
+        assert not any(late for _, _, late in hosts)          # a late hand-off is demoted before it is placed
+        assert all(sim.rs.be[r] and sim.rs.outcome[r] == Outcome.BEST_EFFORT for r in demoted)
+        assert demoted or n_decode < fleet.n_tiers            # pending hand-offs that waited too long were demoted
         assert (deferred > 0) == (n_decode >= fleet.n_tiers)  # hand-offs pend only with a cluster per tier
     else:
         assert deferred == 0
@@ -505,11 +511,35 @@ def test_in_time_hand_off_pends_rather_than_break_its_tier() -> None:
     assert router.route_decode(0, sim, 0.0) == DEFER
     assert router.pending == {0: 0} and router.pending_tier[0] == 1
     late = float(sim.rs.ready[1] + sim.w.stage_ttft[sim.rs.stage[1]]) + 0.1   # its second token was due before
-    assert fleet.label[router.route_decode(1, sim, late)] == 3   # best effort: the loosest tier, no wait
-    assert fleet.label[router.route_decode(0, sim, late)] == 3   # the pending one, offered again too late
+    assert router.route_decode(0, sim, late) == BEST_EFFORT      # the pending one, offered again too late: demoted
     assert not router.pending and router.pending_tier[0] == 0
+    sim.rs.be[0] = True                                          # as the simulator marks it, then asks again
+    assert fleet.label[router.route_decode(0, sim, late)] == 3   # best effort: the loosest tier, no wait
     sim3, fleet3, router3 = _full_decode_side((0, 1, 3))       # fewer decode instances than tiers: no wait
     assert fleet3.label[router3.route_decode(0, sim3, 0.0)] == 0  # its tier's least-loaded, as before
+
+
+@needs_pd
+def test_a_demoted_hand_off_no_longer_counts_as_its_former_tier() -> None:
+    """A hand-off whose next token is lost is demoted (``route_decode`` returns BEST_EFFORT; the simulator marks
+    it best effort and asks again): its host's row no longer counts it at its tier (scale-up onto that host stays
+    open to every tier), and a tier's last instance holding only demoted requests of that tier goes to the
+    pending list (§4.4: no request *of the current tier* occupies it)."""
+    sim, fleet, router = _full_decode_side((0, 0, 1, 3))
+    late = float(sim.rs.ready[0] + sim.w.stage_ttft[sim.rs.stage[0]]) + 0.1
+    assert router.route_decode(0, sim, late) == BEST_EFFORT
+    sim.rs.be[0] = True
+    host = router.route_decode(0, sim, late)
+    assert fleet.label[host] == 3 and fleet.res_tight[host] == fleet.n_tiers  # best effort, not the 20 ms tier
+    sim.instances[host].waiting.append(0)
+    fleet.read(sim.instances[host])                              # a row refresh agrees
+    assert fleet.res_tight[host] == fleet.n_tiers
+    j = fleet.joined[0][-1]                                      # the 20 ms tier's last instance ...
+    PolyServeScaler(router.core).decide(sim, late)
+    assert fleet.label[j] == 0                                   # ... stays while it holds 20 ms requests
+    sim.rs.be[sim.instances[j].waiting] = True                   # ... and goes once they are all demoted
+    PolyServeScaler(router.core).decide(sim, late)
+    assert fleet.label[j] == fleet.PENDING
 
 
 @needs_pd

@@ -80,7 +80,8 @@ def test_observe_row_equals_the_numpy_refresh_and_place_row_keeps_it_sorted() ->
         todo = I[res, I_NT] - I[res, I_NC]
         assert (n_res[1], kv_now[1], q_pre[1]) == (n, I[res, I_NT].sum(), todo.sum())
         assert q_slo[1] == todo[~be[res]].sum()  # best-effort prompts run last: not ahead of a new SLO prompt
-        assert tight[1] == (rtier[res].min() if n else tiers + 1)
+        # a demoted (best-effort) resident counts at the best-effort tier, whatever its TPOT tier
+        assert tight[1] == (np.where(be[res], tiers, rtier[res]).min() if n else tiers + 1)
         assert got == float(np.where(be[res], np.inf, rtpot[res]).min()) if n else got == np.inf
         # a placement inserts into the sorted row; the maxima it keeps give the stepped future KV peak
         if n < shape[1] - 1:

@@ -61,8 +61,10 @@ router above with decode admission (next token after transfer, wait and one step
 hand-off that no decode instance admits pends (§4.2-4.3; its KV stays on the prefill instance, and the simulator
 offers it again at every finish) while its next token can still be on time; meanwhile no looser hand-off is
 promoted onto its tier (§4.2's per-tier queues, §4.4: promotion only because the own tier is full). Once its next
-token is lost it is routed as best effort. Deviation: on a decode side of fewer instances than tiers (no cluster
-per tier) a hand-off never pends; it goes to its tier's least-loaded instance (:meth:`PolyServeRouter.route_decode`).
+token is lost it is demoted (``route_decode`` returns ``BEST_EFFORT``; the simulator marks it best effort), so its
+former tier no longer counts in any tier rule, and routed as best effort. Deviation: on a decode side of fewer
+instances than tiers (no cluster per tier) a hand-off never pends; it goes to its tier's least-loaded instance
+(:meth:`PolyServeRouter.route_decode`).
 
 **Batch formation on an instance (§2.4, §4.5).** Decode-first chunked prefill (Sarathi's loop, reused from
 :mod:`slogym.baselines.common`): every running decode runs; the rest of a *token budget* is filled with prefill
@@ -447,7 +449,11 @@ class Fleet:
         self.q_pre[j] += prompt
         if not self.sim.rs.be[r]:
             self.q_slo[j] += prompt
-        self.res_tight[j] = min(int(self.res_tight[j]), int(self.rtier[r]))
+        self.res_tight[j] = min(int(self.res_tight[j]), self.tier_of(r))
+
+    def tier_of(self, r: int) -> int:
+        """Request ``r``'s tier now: its TPOT's (§4.2), or best effort (``n_tiers``) once demoted."""
+        return self.n_tiers if self.sim.rs.be[r] else int(self.rtier[r])
 
     def remaining(self, r: int) -> int:
         """Predicted remaining output of request ``r`` (§4.5; :func:`remaining_curve`)."""
@@ -951,11 +957,6 @@ class PolyServeRouter(_FleetRouter):
         deadline = INF if rs.be[r] else float(rs.next_deadline(w, np.array([r]))[0])  # best effort: none
         return nc + 1, 0, r0, deadline, xfer
 
-    def _tier(self, r: int) -> int:
-        """The tier request ``r`` is routed at: its TPOT's (§4.2), or best effort (``n_tiers``) once demoted."""
-        fleet = self.core.fleet
-        return fleet.n_tiers if self.core.sim.rs.be[r] else int(fleet.rtier[r])
-
     def prefill_admission(self, j: np.ndarray, r: int, now: float) -> Verdict:
         """Disaggregated prefill admission of request ``r`` on prefill instances ``j`` (§4.2, §4.6, §4.7).
 
@@ -996,8 +997,11 @@ class PolyServeRouter(_FleetRouter):
         waits rather than break its tier's TPOT on a full instance, "requests start pending"), its KV held on
         the prefill instance; the simulator offers it again whenever a request finishes. It pends while its
         next token can still be on time (:meth:`_decode_late`) and something may still finish
-        (:meth:`_may_finish`). A request whose next token is lost, or a demoted one, is best effort: routed like
-        one (the pool first, then the loosest tier, each tier instance only if its TPOT still holds with it),
+        (:meth:`_may_finish`). A request whose next token is lost is demoted (``BEST_EFFORT``: the simulator marks
+        it best effort and asks again), so its former tier no longer steers the tier logic (its rows' tightest
+        tier, the scaler's own-tier check, the per-tier pending queues, batch order and preemption). A demoted
+        request is routed as best effort (the pool first, then the loosest tier, each tier instance only if its
+        TPOT still holds with it),
         and when nothing admits it goes to the least-loaded decode instance of the pool or pending list, else of
         the loosest tier, never onto its tier's instances (§4.3: best-effort work belongs to the best-effort
         pool). An in-time request that may not pend goes to the least-loaded decode instance of its tier or a
@@ -1011,13 +1015,14 @@ class PolyServeRouter(_FleetRouter):
         fleet = self.core.fleet
         fleet.refresh_stale(now)
         self._unpend(req)
-        late = self._decode_late(req, sim, now)
-        i = self._place(req, sim, now, decode=True, best_effort=late)
+        if self._decode_late(req, sim, now):
+            return BEST_EFFORT
+        i = self._place(req, sim, now, decode=True)
         if i == DEFER and fleet.resync(now):
-            i = self._place(req, sim, now, decode=True, best_effort=late)
+            i = self._place(req, sim, now, decode=True)
         if i != DEFER:
             return i
-        t = fleet.n_tiers if late else self._tier(req)
+        t = fleet.tier_of(req)
         if self._may_pend(t, sim):
             self.pending[req] = t
             self.pending_tier[t] += 1
@@ -1077,19 +1082,18 @@ class PolyServeRouter(_FleetRouter):
             return DEFER
         return self._commit(req, int(j[np.argmax(np.where(v.ok, v.load, -1.0))]), sim)
 
-    def _place(self, req: int, sim: "Simulator", now: float, decode: bool = False, best_effort: bool = False) -> int:
+    def _place(self, req: int, sim: "Simulator", now: float, decode: bool = False) -> int:
         """Steps 1-3 of the routing rule over tiered instances (co-located, or the decode instances of a
         disaggregated cluster): an instance index, or DEFER. Candidates: the instances of the request's tier
         (1), of tighter tiers (2, lazy promotion, nearest first; never a looser one), and for scale-up (3) a
         pending instance holding only tier >= t requests or an idle pool instance. Among those that admit
         (:meth:`admission` / :meth:`decode_admission`) the nearest tier wins, scale-up last, and within it the
         highest load (the load gradient): one compiled pass over the instances (:func:`polyserve_kernels.place`).
-        ``best_effort``: route ``req`` as best effort (no deadline), as a demoted request is.
+        A demoted decode hand-off is routed as best effort (its tier ``n_tiers``, no deadline).
         """
         fleet, table = self.core.fleet, self.core.fleet.table
-        t = fleet.n_tiers if best_effort else self._tier(req)
+        t = fleet.tier_of(req)
         ctx, prompt, r0, deadline, xfer_of = self._request(req, decode)
-        deadline = INF if best_effort else deadline
         i, up = pk.place(t, fleet.n_tiers, fleet.label, self._hosts(t, decode), fleet.idle_label, fleet.res_tight,
                          decode, fleet.engine_of, xfer_of, fleet.grid, fleet.curves, fleet.row_tpot, fleet.rem,
                          fleet.csum, fleet.pb, fleet.sa, fleet.n_res, fleet.q_slo, fleet.kv_now, fleet.busy_until,
@@ -1168,9 +1172,10 @@ class PolyServeScaler(Scaler):
                 continue
             j = fleet.joined[t][-1]
             inst = sim.instances[j]
+            res = np.array(inst.running + inst.waiting, np.int64)
             if not inst.n_resident:
                 fleet.relabel(j, fleet.POOL, now)
-            elif not (fleet.rtier[inst.running + inst.waiting] == t).any():
+            elif not ((fleet.rtier[res] == t) & ~sim.rs.be[res]).any():  # a demoted one no longer counts
                 fleet.relabel(j, fleet.PENDING, now)
         for j in np.flatnonzero(fleet.label == fleet.PENDING).tolist():
             if not sim.instances[j].n_resident:

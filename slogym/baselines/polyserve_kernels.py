@@ -171,8 +171,9 @@ def observe_row(I: np.ndarray, res: np.ndarray, rtier: np.ndarray, rtpot: np.nda
     ``Fleet.remaining`` curve, values >= 1; §4.5) sorted descending (stable), ``csum[j]`` the prefix sums of their
     lengths in that order (and :func:`row_maxima`), ``n_res[j]``, ``kv_now[j]`` (their length sum), ``q_pre[j]``
     (tokens still to compute), ``q_slo[j]`` (those of residents with an SLO, ``be`` false: the prompts the
-    scheduler runs before best-effort ones) and ``res_tight[j]`` (the tightest resident tier, ``no_tier`` when
-    empty). Returns the tightest TPOT among the residents with an SLO."""
+    scheduler runs before best-effort ones) and ``res_tight[j]`` (the tightest resident tier, ``no_tier - 1`` for
+    best effort and demoted requests, ``no_tier`` when empty). Returns the tightest TPOT among the residents with
+    an SLO."""
     n = res.size
     top = resid.max()
     last = resid.size - 1
@@ -200,8 +201,9 @@ def observe_row(I: np.ndarray, res: np.ndarray, rtier: np.ndarray, rtpot: np.nda
         csum[j, m] = acc
         r = res[m]
         todo += I[r, I_NT] - I[r, I_NC]
-        if rtier[r] < tier:
-            tier = rtier[r]
+        tier_r = no_tier - 1 if be[r] else rtier[r]  # a demoted request is best effort, whatever its TPOT
+        if tier_r < tier:
+            tier = tier_r
         if not be[r]:
             todo_slo += I[r, I_NT] - I[r, I_NC]
             if rtpot[r] < tight:
