@@ -240,9 +240,9 @@ def test_running_decodes_go_first_every_iteration(history: Workload) -> None:
 
 
 def _priorities(name: str, w: Workload, history: Workload, now: float, ready: float = 0.0,
-                tau: float = 0.02) -> tuple[np.ndarray, TempoScheduler]:
+                tau: float = 0.02, **kw) -> tuple[np.ndarray, TempoScheduler]:
     """Priorities of the requests of ``w`` (prompts not started, nothing generated) as seen at ``now``."""
-    pol = POLICIES[name](ENGINE, history=history)
+    pol = POLICIES[name](ENGINE, history=history, **kw)
     sim = Simulator(w, ENGINE, pol, seed=0)
     pol.reset(sim)
     sched, inst, rs = pol.scheduler, sim.instances[0], sim.rs
@@ -267,6 +267,39 @@ def test_density_is_projected_gain_over_remaining_process_time(history: Workload
     late, _ = _priorities("tempo-precise", w, history, now=18.0, tau=tau)
     assert late[0] == pytest.approx(gain * (20.0 / (18.0 + t_rem)) / t_rem)  # decays once a miss is projected
     assert late[1] == pytest.approx(early[1])
+
+
+def test_collective_calls_take_the_max_remaining_time_of_their_stage(history: Workload) -> None:
+    # Alg. 1 lines 17-18: a stage's calls share its slowest call's remaining time, so the short call's density is
+    # its own gain over the long call's time (its early finish does not end the stage); stage 1 is not released
+    tau, wi, wo = 0.02, 1.0, 2.0
+    reqs = [Request(0.0, [prefill(200), decode(o)], app="collective_tot", ttlt=1000.0, group=0, group_stage=s)
+            for s, o in ((0, 100), (0, 1000), (1, 50))]
+    w = Workload.from_requests(reqs, name="stage-test")
+    p, _ = _priorities("tempo-precise", w, history, now=0.0, tau=tau)
+    t_stage = tau + 1000 * tau  # one prefill chunk + the long call's 1000 decode steps; f = 1 (ample deadline)
+    assert p == pytest.approx([(wi * 200 + wo * 100) / t_stage, (wi * 200 + wo * 1000) / t_stage])
+
+
+def test_fairness_blends_density_with_the_least_served_application(history: Workload) -> None:
+    # §4.3: priority = (1 - f) * density (normalized by the top one) + f * fair, fair = 1 - served / most served
+    reqs = [Request(0.0, [prefill(100), decode(200)], app=a, ttlt=20.0) for a in ("chat", "summary", "chat")]
+    w = Workload.from_requests(reqs, name="fairness-test")
+    dens, _ = _priorities("tempo-precise", w, history, now=0.0)
+    served = np.zeros(len(w.app_names))
+    served[w.app_names.index("chat")] = 300.0
+    served[w.app_names.index("summary")] = 100.0
+    for f in (0.5, 1.0):
+        pol = POLICIES["tempo-precise"](ENGINE, history=history, fairness=f)
+        sim = Simulator(w, ENGINE, pol, seed=0)
+        pol.reset(sim)
+        pol.scheduler.served[:] = served
+        sim.rs.num_tokens[:] = w.input_tokens
+        sim.instances[0].last_dt = 0.02
+        p = pol.scheduler.priority(np.arange(3), sim.instances[0], 0.0)
+        fair = 1.0 - served[w.app] / 300.0
+        assert p == pytest.approx((1 - f) * dens / dens.max() + f * fair)
+    assert p[1] > p[0] == p[2]  # fairness alone: the less served application first
 
 
 def test_latency_sensitive_prompt_outranks_throughput_request_and_decays_after_its_ttft(history: Workload) -> None:

@@ -1,6 +1,7 @@
 """Reproduce Tempo's headline comparison (Zhang et al. 2025, §6.2 Fig. 9/10/12/13, Fig. 15 ablation) in slogym.
 
-    python scripts/reproduce/tempo.py [--duration 180] [--loads 1.0,1.5] [--seeds 1] [--quick] [--policies a,b] [--settings x,y]
+    python scripts/reproduce/tempo.py [--duration 180] [--loads 1.0,1.5] [--seeds 1] [--quick] [--policies a,b]
+        [--settings x,y]
 
 Workloads: the presets ``tempo-mix`` (Chatbot, Table 2) and ``tempo-mix-lc`` (LC-Workload lengths of Table 2),
 each with Poisson arrivals and bursty ones (``<name>-bursty``: the ``code`` arrival fingerprint's correlated
@@ -196,7 +197,8 @@ def _print_ratios(table: list[tuple[str, dict[str, list[float]]]], seconds: floa
     labels = [label for label, _ in table]
     n = len(table[0][1][next(iter(table[0][1]))])
     width = 11 if n == 1 else 13
-    print(f"\nratios per setting ({seconds:.0f} s in all" + (f"; mean +- sd over {n} seeds, range below)" if n > 1 else ")"))
+    spread = f"; mean +- sd over {n} seeds, range below)" if n > 1 else ")"
+    print(f"\nratios per setting ({seconds:.0f} s in all" + spread)
     print(f"  {'ratio':43s} " + " ".join(f"{x:>{width}s}" for x in labels) + "   shape met   paper")
     for key in table[0][1]:
         vals = [np.asarray(r[key]) for _, r in table]
