@@ -57,7 +57,8 @@ from slogym.core.batch import BatchFeatures
 from slogym.core.instance import Instance
 from slogym.engines.live import EngineConfig, LiveSimulator, VLLMEngine, live_spec, make_tiny_model
 from slogym.engines.live.client import TIMINGS
-from slogym.engines.profiler import ProfileGrid, aggregate, noise_pct, profile, repeat_ratios
+from slogym.engines.profiler import (ProfileGrid, aggregate, noise_pct, profile, repeat_ratios, retime,
+                                     speed_elasticity, warm_shapes)
 
 ROOT = Path(__file__).resolve().parents[1]
 AZURE = ROOT.parent / "shared" / "traces" / "azure_conv_2023.csv.gz"
@@ -278,6 +279,25 @@ def compare(live: RecordingLive, sim: RecordingSim, spec: EngineSpec) -> dict[st
     return out
 
 
+def elasticity_one(prof: pd.DataFrame, iterations: dict[str, pd.DataFrame], family: str | None,
+                   seed: int) -> dict[str, dict[str, float]]:
+    """The per-iteration error had every time been the plain ``norm`` time (``cpu_s * speed``, elasticity 1):
+    the same profile rows and live iterations re-timed, the model re-fitted the same way. Per policy
+    ``iteration_mape``, ``iteration_bias`` and ``oracle_mape`` (%); the live schedule is the one measured, so
+    only the per-iteration figures can be compared this way."""
+    if "cpu_s" not in prof or prof["speed"].nunique() < 2:
+        return {}
+    perf = fit_profile_medians(retime(prof, {}), family, seed)[0]
+    out = {}
+    for name, it in iterations.items():
+        it = retime(it, {})
+        t, pred = it["time_s"].to_numpy(), perf.batch_time(features_of(it))
+        out[name] = {"iteration_mape": float(np.mean(np.abs(pred / t - 1.0)) * 100.0),
+                     "iteration_bias": float((t.sum() / pred.sum() - 1.0) * 100.0),
+                     "oracle_mape": repeated_split(it, pred).get("oracle_mape", float("nan"))}
+    return out
+
+
 def pooled(per: dict[str, dict[str, Any]]) -> dict[str, Any]:
     ape = np.concatenate([p["_ape"] for p in per.values()])
     out: dict[str, Any] = {"iteration_mape": float(ape.mean() * 100.0)}
@@ -335,6 +355,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ref-window", type=int, default=EngineConfig.ref_window,
                     help="norm timing: speed samples averaged per step, >= 2: this step's two and earlier steps' "
                          "(EngineConfig.ref_window)")
+    ap.add_argument("--elasticity", choices=("auto", "one"), default="auto",
+                    help="norm timing: per batch kind, the exponent of the speed factor (time = cpu_s * factor ** e); "
+                         "auto (default): fitted on the profile passes before the replays "
+                         "(profiler.speed_elasticity) and used for everything after; one: e = 1 (the plain norm "
+                         "timing). Either way the result also reports the iteration MAPE with e = 1 "
+                         "(elasticity_one)")
     ap.add_argument("--noise-repeats", type=int, default=100,
                     help="back-to-back repeats of one batch per kind for the noise floor (0: skip)")
     ap.add_argument("--calibrate", type=int, default=0, metavar="N",
@@ -361,12 +387,25 @@ def main(argv: list[str] | None = None) -> int:
     w, src = trace_workload(args.requests, args.rate, args.token_scale, args.max_prompt, args.max_out, args.ttft,
                             args.tpot, args.seed)
     t0 = time.perf_counter()
+    phases: dict[str, float] = {}
+
+    def lap(name: str) -> None:
+        phases[name] = round(time.perf_counter() - t0 - sum(phases.values()), 1)
+
     with VLLMEngine(cfg) as engine:
-        log(f"engine up in {time.perf_counter() - t0:.1f} s (vLLM {engine.info['vllm']}); profiling ...")
+        lap("engine_start")
+        log(f"engine up in {phases['engine_start']:.1f} s (vLLM {engine.info['vllm']}); profiling ...")
         grid = ProfileGrid.app_a(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.num_blocks * cfg.block_size,
                                  cfg.max_model_len, quick=args.quick)
-        pre = profile(engine, grid, repeats=args.repeats, warm=args.warm_shapes, seed=args.seed,
-                      measure=args.measure)
+        if args.warm_shapes:
+            warm_shapes(engine)
+            lap("warm_shapes")
+        pre = profile(engine, grid, repeats=args.repeats, seed=args.seed, measure=args.measure)
+        lap("profile_before")
+        elast = speed_elasticity(pre) if args.timing == "norm" and args.elasticity == "auto" else {}
+        if elast:  # everything from here on is timed with it; the passes so far are re-timed alike
+            engine.config.norm_elasticity = elast
+            pre = retime(pre, elast)
         b2b = repeat_ratios(engine, args.noise_repeats) if args.noise_repeats > 0 else {}
         noise = noise_pct(b2b)
         plan_spec = live_spec(cfg, fit_profile_medians(pre, args.family, args.seed)[0])  # what planning policies see
@@ -382,8 +421,10 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.policies.split(","):
             lives[name] = RecordingLive(w, engine, make_policy(name, engine=plan_spec), perf=plan_spec).run()
             log(f"{name}: live {len(lives[name].batches)} iterations in {lives[name].wall_seconds:.1f} s")
+            lap(f"live_{name}")
         post = (profile(engine, grid, repeats=args.repeats_after, seed=args.seed + 1, measure=args.measure)
                 if args.repeats_after > 0 else pre.iloc[:0].copy())
+        lap("profile_after")
     post["pass"] += args.repeats
     prof = pd.concat([pre, post], ignore_index=True)
     served = served_records(calib) if calib else None
@@ -414,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
             sim.result().records.to_csv(out / f"sim_{name}.csv", index=False)
             live.iteration_records().to_csv(out / f"iterations_{name}.csv", index=False)
             (out / f"batches_{name}.json").write_text(json.dumps({"live": live.batches, "sim": sim.batches}))
+    one = elasticity_one(prof, {k: lv.iteration_records() for k, lv in lives.items()}, args.family, args.seed)
+    lap("fit_and_simulate")
     if args.save:
         prof.to_csv(Path(args.save) / "profile.csv", index=False)
         (Path(args.save) / "preset.json").write_text(json.dumps(spec.to_dict(), indent=1, default=float) + "\n")
@@ -426,6 +469,7 @@ def main(argv: list[str] | None = None) -> int:
                          "noise_live_same_batch": float(np.mean(np.abs(same - 1.0)) * 100.0) if same.size else None,
                          "noise_live_same_batch_n": int(same.size), "noise_only_source": inject_src,
                          "timing": args.timing, "ref_reps": args.ref_reps, "ref_window": args.ref_window,
+                         "norm_elasticity": elast, "elasticity_one": one, "phase_wall_s": phases,
                          "arch": args.arch, "model": str(model),
                          "rate": args.rate, "slo_ttft_s": args.ttft, "slo_tpot_s": args.tpot, "warm_shapes": args.warm_shapes, "workload": src,
                          "requests": len(w), "calibration_requests": args.calibrate if calib else 0,

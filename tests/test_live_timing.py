@@ -165,3 +165,72 @@ def test_profile_grid_covers_every_small_decode_batch() -> None:
     tight = ProfileGrid.app_a(4, 128, 16 * 32, 256, quick=True)  # the CLI test's engine: nothing over its limits
     assert {b for b, _ in tight.decode} <= {1, 2, 3, 4}
     assert all(b * (n + 16) <= 16 * 32 for b, n in tight.decode)
+
+
+def _visits(elasticity: dict[str, float], seed: int = 0) -> "pd.DataFrame":
+    """Profile-like rows: 3 kinds x 30 compositions x 4 passes whose raw CPU time follows the speed factor with
+    ``elasticity`` (cpu = base * speed ** -e) times a small independent noise."""
+    import numpy as np
+    import pandas as pd
+
+    from slogym.core.batch import BatchFeatures
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for kind in ("prefill", "decode", "mixed"):
+        for c in range(30):
+            base = 0.01 * (1 + c)
+            for _ in range(4):
+                speed = float(np.exp(rng.normal(0.0, 0.3)))
+                cpu = base * speed ** -elasticity[kind] * float(np.exp(rng.normal(0.0, 0.01)))
+                rows.append({**dict.fromkeys(BatchFeatures._fields, 0), "kind": kind,
+                             "prefill_tokens": 0 if kind == "decode" else 16 * (c + 1),
+                             "decode_seqs": 0 if kind == "prefill" else c + 1, "cpu_s": cpu, "speed": speed,
+                             "time_s": cpu * speed})
+    return pd.DataFrame(rows)
+
+
+def test_speed_elasticity_recovers_each_kinds_exponent_and_retime_applies_it() -> None:
+    import numpy as np
+
+    from slogym.engines.profiler import retime, speed_elasticity
+
+    true = {"prefill": 0.5, "decode": 1.0, "mixed": 0.75}
+    df = _visits(true)
+    est = speed_elasticity(df)
+    assert set(est) == set(true) and all(abs(est[k] - true[k]) < 0.05 for k in true)
+    # re-timed with the fitted exponents, a composition's visits agree (the factor's swings are removed);
+    # the plain norm time (exponent 1) leaves the prefill and mixed visits spread
+    for times, tight in ((retime(df, est), True), (retime(df, {}), False)):
+        spread = times.groupby(["kind", "prefill_tokens", "decode_seqs"])["time_s"].agg(lambda t: t.std() / t.mean())
+        assert (spread.groupby(level="kind").mean() < 0.03).all() == tight
+    # rows without a kind (live iterations) take it from their features
+    live = retime(df.drop(columns="kind"), {"prefill": 0.0})
+    pre = (df["decode_seqs"] == 0).to_numpy()
+    assert np.allclose(live["time_s"][pre], df["cpu_s"][pre])
+    assert np.allclose(live["time_s"][~pre], (df["cpu_s"] * df["speed"])[~pre])
+
+
+def test_speed_elasticity_keeps_one_without_repeats_or_factor_spread() -> None:
+    from slogym.engines.profiler import speed_elasticity
+
+    df = _visits({"prefill": 0.5, "decode": 0.5, "mixed": 0.5})
+    assert speed_elasticity(df.assign(speed=1.0)) == {}  # cpu / wall timing: nothing to estimate
+    once = df.groupby(["kind", "prefill_tokens", "decode_seqs"]).head(1)  # every composition visited once
+    assert speed_elasticity(once) == {}
+    assert set(speed_elasticity(df[df["kind"] != "mixed"])) == {"prefill", "decode"}
+
+
+@pytest.mark.parametrize("bad", [{"decode": -0.1}, {"decode": 2.5}, {"spec": 1.0}])
+def test_engine_config_rejects_bad_elasticity(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="norm_elasticity"):
+        EngineConfig(model="m", num_blocks=64, max_model_len=1024, norm_elasticity=bad)
+
+
+def test_ops_reference_calibrates_like_the_gemm_reference() -> None:
+    from slogym.engines.live.worker import OpsReference
+
+    ref = OpsReference(calibrate=2, window=2)
+    for _ in range(4):
+        ref.sample()
+    assert ref.typical is not None and ref.typical > 0 and ref.factor() > 0

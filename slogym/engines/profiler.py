@@ -25,7 +25,7 @@ import pandas as pd
 from slogym.core.batch import BatchFeatures
 from slogym.core.kernels import batch_features
 from slogym.core.state import I_COLS, I_NC, I_NT
-from slogym.engines.live.client import VLLMEngine
+from slogym.engines.live.client import BATCH_KINDS, VLLMEngine, batch_kind
 
 # HyperFlexis App. A grid (batch sizes, input lengths), cut to each engine's limits at run time
 APP_A_BATCH = (1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192)
@@ -119,7 +119,7 @@ class _Driver:
             self.nc[r] += n
             if self.nc[r] == self.nt[r]:
                 self.nt[r] += 1
-        return self.engine.duration(reply), feats
+        return self.engine.duration(reply, batch_kind(feats.prefill_tokens, feats.decode_seqs)), feats
 
     def release(self, rids: list[int] | None = None) -> None:
         """Abort ``rids`` (default: all) in the engine and forget them."""
@@ -249,7 +249,8 @@ def profile(engine: VLLMEngine, grid: ProfileGrid | None = None, repeats: int = 
             dt, f, raw = _visit(d, kind, point, warmup, measure, cfg.max_num_batched_tokens)
             rows.append({"kind": kind, **{k: int(v) for k, v in zip(BatchFeatures._fields, f)}, "time_s": dt,
                          "pass": rep, **raw})
-    return pd.DataFrame(rows, columns=["kind", *BatchFeatures._fields, "time_s", "pass", "cpu_s", "speed"])
+    return pd.DataFrame(rows, columns=["kind", *BatchFeatures._fields, "time_s", "pass", "cpu_s", "speed",
+                                       "speed_ops"])
 
 
 def _visit(d: _Driver, kind: str, point: tuple[int, ...], warmup: int, measure: int,
@@ -267,11 +268,11 @@ def _visit(d: _Driver, kind: str, point: tuple[int, ...], warmup: int, measure: 
     came out 4-18 % cheaper than the same prefill after a decode step (raw CPU time within 1-5 %), and the
     fitted model was 9-17 % low on the live engine's prefill-only and mixed batches."""
     steps: list[tuple[float, BatchFeatures]] = []
-    raw: list[tuple[float, float]] = []
+    raw: list[tuple[float, ...]] = []
 
     def step(items: list[tuple[int, int]]) -> None:
         steps.append(d.step(items))
-        raw.append((float(d.last["cpu_s"]), float(d.last["speed"])))
+        raw.append((float(d.last["cpu_s"]), float(d.last["speed"]), float(d.last.get("speed_ops", 1.0))))
 
     iters = warmup + measure
     if kind == "prefill":
@@ -311,12 +312,52 @@ def _visit(d: _Driver, kind: str, point: tuple[int, ...], warmup: int, measure: 
 
 
 def _median_step(steps: list[tuple[float, BatchFeatures]],
-                 raw: list[tuple[float, float]]) -> tuple[float, BatchFeatures, dict[str, float]]:
-    """The median time of ``steps`` with the middle step's features: fixed per composition (a decode context
-    grows by one token per step), so repeats of a composition in other passes aggregate together."""
-    med = np.median(np.asarray(raw), axis=0)
-    return (float(np.median([t for t, _ in steps])), steps[len(steps) // 2][1],
-            {"cpu_s": float(med[0]), "speed": float(med[1])})
+                 raw: list[tuple[float, ...]]) -> tuple[float, BatchFeatures, dict[str, float]]:
+    """The median time of ``steps`` (an odd count) with the middle step's features: fixed per composition (a
+    decode context grows by one token per step), so repeats of a composition in other passes aggregate
+    together. ``cpu_s`` / ``speed`` (/ ``speed_ops``) are the raw CPU time and ``norm`` factor(s) of the
+    median-time step itself, so :func:`retime` can recompute the row under another ``norm`` elasticity."""
+    times = [t for t, _ in steps]
+    k = int(np.argsort(times, kind="stable")[len(times) // 2])
+    return float(times[k]), steps[len(steps) // 2][1], dict(zip(("cpu_s", "speed", "speed_ops"), map(float, raw[k])))
+
+
+def speed_elasticity(records: pd.DataFrame, min_pairs: int = 20) -> dict[str, float]:
+    """Per batch kind, how strongly the raw CPU time follows the ``norm`` reference kernel's speed factor: the
+    slope ``e`` of ``log cpu_s = c_composition - e * log speed`` fitted within compositions (each composition's
+    own mean removed: a fixed-effects regression over the visits of different passes), clipped to [0, 2].
+
+    ``e = 1`` is the plain ``norm`` timing (the step slows exactly as the kernel does). On the shared VM the
+    step and the kernel do not always slow alike: in runs where the machine's state swung the kernel's speed
+    2-3x, identical steps followed it with ``e`` 0.4-0.8, so ``cpu_s * speed`` over-corrected and spread
+    identical steps by 8-11 % (docs/live_engine.md, "Speed elasticity"). The slope is also the least-squares
+    best exponent for a noisy factor (regression attenuation is what a predictor wants). A kind with fewer than
+    ``min_pairs`` visits in repeated compositions, or no spread in the factor (``cpu`` / ``wall`` timing), keeps
+    1."""
+    key = ["kind", *BatchFeatures._fields]
+    out: dict[str, float] = {}
+    for kind in BATCH_KINDS:
+        d = records[records["kind"] == kind]
+        grp = d.groupby(key, sort=False).ngroup()
+        rep = grp.map(grp.value_counts()) >= 2
+        d, grp = d[rep], grp[rep]
+        lc, ls = np.log(d["cpu_s"]), np.log(d["speed"])
+        dc, ds = lc - lc.groupby(grp).transform("mean"), ls - ls.groupby(grp).transform("mean")
+        var = float((ds * ds).sum())
+        if len(d) >= min_pairs and var > 1e-12:
+            out[kind] = float(np.clip(-(dc * ds).sum() / var, 0.0, 2.0))
+    return out
+
+
+def retime(records: pd.DataFrame, elasticity: dict[str, float]) -> pd.DataFrame:
+    """``records`` (profile rows or live iterations with ``cpu_s`` and ``speed``) with ``time_s`` recomputed as
+    the ``norm`` time under ``elasticity`` (kind -> exponent, missing kinds 1): ``cpu_s * speed ** e``. Rows
+    without a ``kind`` column get theirs from their features."""
+    kind = (records["kind"] if "kind" in records else
+            pd.Series([batch_kind(p, d) for p, d in zip(records["prefill_tokens"], records["decode_seqs"])],
+                      index=records.index))
+    e = kind.map(lambda k: elasticity.get(k, 1.0)).astype(float)
+    return records.assign(time_s=records["cpu_s"] * records["speed"] ** e)
 
 
 def aggregate(df: pd.DataFrame) -> pd.DataFrame:

@@ -37,7 +37,7 @@ from slogym.core.request import StageKind, Workload
 from slogym.core.simulator import Simulator
 from slogym.core.state import Outcome, Status
 from slogym.engines.base import EngineSpec, PerfModel
-from slogym.engines.live.client import EngineConfig, VLLMEngine
+from slogym.engines.live.client import EngineConfig, VLLMEngine, batch_kind
 from slogym.engines.perf_models import QuadraticPerf
 
 CLOCKS = ("afap", "real")
@@ -171,7 +171,8 @@ class LiveSimulator(Simulator):
             if lag > 0:
                 time.sleep(lag)
         reply = eng.step(plan, add=add, abort=abort, preempt=preempt)
-        dt = time.perf_counter() - start if self.clock == "real" else eng.duration(reply)
+        measured = eng.duration(reply, batch_kind(int(features.prefill_tokens), int(features.decode_seqs)))
+        dt = time.perf_counter() - start if self.clock == "real" else measured
         self._engine_done[i].update(reply["finished"])
         if reply["executed"] != {r: n for r, n, _, _ in plan}:
             raise EngineError(f"instance {i}: the engine executed {reply['executed']}, the policy's batch was "
@@ -181,8 +182,8 @@ class LiveSimulator(Simulator):
             if got is not None and got[0] != c + n:
                 raise EngineError(f"instance {i}: request {r} has {got[0]} computed tokens in the engine after "
                                   f"the step, the simulator expects {c + n}")
-        self._iter_log.append((i, self.now, eng.duration(reply), float(reply["time_s"]), float(reply["cpu_s"]),
-                               float(reply["speed"]), features))
+        self._iter_log.append((i, self.now, measured, float(reply["time_s"]), float(reply["cpu_s"]),
+                               float(reply["speed"]), float(reply.get("speed_ops", 1.0)), features))
         return dt
 
     def _resolve_freed(self, i: int) -> tuple[list[int], list[int]]:
@@ -222,11 +223,13 @@ class LiveSimulator(Simulator):
     def iteration_records(self) -> pd.DataFrame:
         """One row per executed iteration: ``instance``, ``start`` (sim time), the BatchFeatures columns,
         ``time_s`` (the engine step under the engine's timing; the columns ``slogym profile fit`` reads),
-        ``wall_s``, ``cpu_s`` and ``speed`` (the ``norm`` timing's factor; 1.0 under the other timings)."""
+        ``wall_s``, ``cpu_s`` and ``speed`` (the ``norm`` timing's factor; 1.0 under the other timings), and
+        ``speed_ops`` (the diagnostic second reference's factor, :class:`~slogym.engines.live.worker.
+        OpsReference`)."""
         rows = [{"instance": i, "start": t, **{k: int(v) for k, v in zip(BatchFeatures._fields, f)},
-                 "time_s": dt, "wall_s": wall, "cpu_s": cpu, "speed": speed}
-                for i, t, dt, wall, cpu, speed, f in self._iter_log]
-        cols = ["instance", "start", *BatchFeatures._fields, "time_s", "wall_s", "cpu_s", "speed"]
+                 "time_s": dt, "wall_s": wall, "cpu_s": cpu, "speed": speed, "speed_ops": ops}
+                for i, t, dt, wall, cpu, speed, ops, f in self._iter_log]
+        cols = ["instance", "start", *BatchFeatures._fields, "time_s", "wall_s", "cpu_s", "speed", "speed_ops"]
         return pd.DataFrame(rows, columns=cols)
 
 

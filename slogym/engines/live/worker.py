@@ -230,6 +230,33 @@ class SpeedReference:
         return self.unit() / math.exp(sum(map(math.log, self.recent)) / len(self.recent))
 
 
+class OpsReference(SpeedReference):
+    """A second speed reference for diagnosis: many tiny torch ops and Python dict / list work (~0.3 ms), the
+    dispatcher- and interpreter-bound kind of work in vLLM's per-step bookkeeping, which dominates a decode step
+    of a few requests (the GEMM reference measures arithmetic and weight streaming). Same calibration and
+    factor as :class:`SpeedReference`, sampled once per step, right after the GEMM reference's second sample
+    (so that one's samples keep their place next to the step); replies carry its factor as ``speed_ops`` (not
+    used by any timing)."""
+
+    def __init__(self, calibrate: int = 250, window: int = 4) -> None:
+        import torch
+
+        # one sample per step: 2 x 250 samples calibrate over the engine's first 500 steps, like the GEMM one
+        super().__init__(calibrate=calibrate, window=window, hidden=32)
+        self._t = torch.arange(64, dtype=torch.float32)
+        self._idx = torch.arange(0, 64, 2)
+
+    def _kernel(self) -> float:
+        t0 = time.thread_time()
+        a = self._t
+        for _ in range(24):
+            a = (a * 1.0001 + 0.5).relu()
+            a[self._idx] = a[self._idx] * 0.5
+        table = {i: (i, str(i)) for i in range(300)}
+        sum(v[0] for k, v in table.items() if k % 3)
+        return time.thread_time() - t0
+
+
 class Worker:
     """Owns the engine and the map from planner ids to vLLM's internal request ids."""
 
@@ -258,6 +285,7 @@ class Worker:
         self.speed = (SpeedReference(hidden=int(cfg.get("ref_hidden") or 128), reps=int(cfg.get("ref_reps", 1)),
                                      window=int(cfg.get("ref_window", 4)))
                       if cfg.get("timing") == "norm" else None)
+        self.ops = OpsReference() if self.speed is not None else None
         self.exec_s = [0.0, 0.0]  # wall and CPU time inside the model executor during the current step
         executor = self.engine.engine_core.engine_core.model_executor
         for name in ("execute_model", "sample_tokens"):
@@ -311,9 +339,12 @@ class Worker:
         finally:
             self.sched.plan = None
         speed, ref = 1.0, None
+        speed_ops = 1.0
         if self.speed is not None:  # bracket the step: one sample before, one after
             self.speed.sample()
+            self.ops.sample()
             speed, ref = self.speed.factor(), (self.speed.recent[-2], self.speed.recent[-1], self.speed.unit())
+            speed_ops = self.ops.factor()
         rev = {v: k for k, v in self.ids.items()}
         executed = {rev[i]: n for i, n in self.sched.executed.items()}
         finished = [int(o.request_id) for o in outs if o.finished]
@@ -323,7 +354,8 @@ class Worker:
         state = {r: (reqs[self.ids[r]].num_computed_tokens, reqs[self.ids[r]].num_tokens)
                  for r, *_ in plan if r in self.ids}
         return {"ok": True, "time_s": dt, "cpu_s": cpu, "exec_s": self.exec_s[0],
-                "exec_cpu_s": self.exec_s[1], "speed": speed, "ref_s": ref, "finished": finished,
+                "exec_cpu_s": self.exec_s[1], "speed": speed, "speed_ops": speed_ops, "ref_s": ref,
+                "finished": finished,
                 "state": state, "executed": executed,
                 "free_blocks": self.sched.kv_cache_manager.block_pool.get_num_free_blocks()}
 
