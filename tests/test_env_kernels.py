@@ -10,7 +10,7 @@ import pytest
 import slogym  # noqa: F401
 from slogym.baselines.common import BatchBuilder
 from slogym.core.batch import BatchFeatures
-from slogym.envs import kernels
+from slogym.envs import base, kernels
 from slogym.envs.base import CLIP, log_token_table, log_tokens
 from slogym.envs.batching import PREEMPT, SKIP, budget_of
 
@@ -131,6 +131,44 @@ def test_arrival_cluster_features_match_the_numpy_definition(compiled):
         env.step(a)
         placed += [a] if a < 3 else []  # 3 defers: places nothing
     assert compiled or (env._memo_nc >= 0).any()  # the Python path timed (and remembered) decode steps
+
+
+@pytest.mark.parametrize("kw", [dict(scenario="mixed", rate_scale=3.0, engine="llama2-70b-a100-tp2"),
+                                dict(scenario="chatbot", rate_scale=1.0)])
+def test_resident_scan_finds_the_instances_queues(kw):
+    """The arrival observation's scan of the request states finds each instance's waiting and running requests
+    (as sets, grouped by instance, counted in ``shape``) exactly as its lists hold them, and the observation is the
+    same either way: on a small KV with requests deferred to the global queue and preempted, and on a light load
+    where the scan starts past the requests all finished."""
+    env = gym.make("slogym/Routing-v0", n_instances=3, episode=300, seed=0, pool_requests=1000, **kw).unwrapped
+    env.reset(seed=4)
+    env.action_space.seed(5)
+    done = False
+    lo_max = deferred = 0
+    while not done:
+        insts = env.sim.instances
+        run, wait, shape = env._resident_inputs(insts)
+        run_l, wait_l, shape_l = env._load_inputs(insts)
+        assert np.array_equal(shape, shape_l)
+        k_run = k_wait = 0
+        for i, inst in enumerate(insts):  # grouped by instance, each group the instance's list as a set
+            n_wait, n_run = shape[6 * i: 6 * i + 2]
+            assert sorted(wait[k_wait: k_wait + n_wait].tolist()) == sorted(inst.waiting)
+            assert sorted(run[k_run: k_run + n_run].tolist()) == sorted(inst.running)
+            k_wait += n_wait
+            k_run += n_run
+        assert (k_run, k_wait) == (run.size, wait.size) == (run_l.size, wait_l.size)
+        obs = {k: v.copy() for k, v in env._observe().items()}
+        lo = env._lo
+        env._lo = -base.SCAN_MAX  # beyond the scan's reach: the lists are gathered
+        assert all(np.array_equal(obs[k], v) for k, v in env._observe().items())
+        env._lo = lo
+        lo_max, deferred = max(lo_max, lo), max(deferred, len(env.sim.global_queue))
+        _, _, done, _, _ = env.step(env.action_space.sample())
+    if "engine" in kw:
+        assert env.sim.rs.n_preempt.sum() > 0 and deferred > 0
+    else:
+        assert lo_max > 100  # requests finished before the scan's start were skipped
 
 
 def test_log_token_table_is_log_tokens_bit_for_bit():

@@ -31,6 +31,7 @@ from slogym.core.instance import Instance
 from slogym.core.metrics import MODES, run_summary, service_gain, verdict_arrays
 from slogym.core.request import StageKind, Workload
 from slogym.core.simulator import Simulator
+from slogym.core.state import Status
 from slogym.engines.base import EngineSpec
 from slogym.engines.registry import get_engine
 from slogym.envs import kernels
@@ -42,6 +43,10 @@ SPLITS = ("train", "test", "all")
 TRAIN_FRACTION = 0.8
 CLIP = 10.0
 DECODE = int(StageKind.DECODE)
+DONE, WAITING, RUNNING = int(Status.DONE), int(Status.WAITING), int(Status.RUNNING)
+SCAN_MAX = 8192
+"""Longest stretch of requests (arrived, not all done before it) the arrival observation scans for the instances'
+queues; beyond it, it gathers the instances' lists."""
 INSTANCE_FEATURES = ("queue_tokens", "waiting", "running", "kv_utilization", "iteration_time")
 """Per-instance load features (see :meth:`ServingEnv._instance_features`)."""
 N_COEF = 11
@@ -268,6 +273,11 @@ class ServingEnv(gym.Env):
         self._memo_nc = np.full((0, 2), -1, np.int64)
         self._memo_t = np.zeros(0)
         self._stale = np.zeros((0, 3), np.int64)  # scratch: instances whose decode-step time the kernel left
+        # _resident_inputs: requests before _lo are all done; its buffers, and (n_wait, n_run, free blocks, total
+        # blocks, max_num_seqs, id) per instance
+        self._lo = 0
+        self._wait_buf, self._run_buf = np.empty(len(sim.w), np.int64), np.empty(len(sim.w), np.int64)
+        self._shape = self._pos = np.zeros(0, np.int64)
         w = sim.w
         q = self.predictor.predict(w.app)
         # the request part of arrival observations depends on the request alone: one row per request
@@ -339,7 +349,7 @@ class ServingEnv(gym.Env):
         sim = self.sim
         w, rs = sim.w, sim.rs
         insts = sim.instances
-        run, wait, shape = self._load_inputs(insts)
+        run, wait, shape = self._resident_inputs(insts)
         f32 = np.float32
         obs = self.obs_rows
         if obs is None or obs["instances"].shape[0] != len(insts):
@@ -359,6 +369,26 @@ class ServingEnv(gym.Env):
                 obs["instances"], obs["slack"], out_since, self._stale):
             self._time_stale(insts, obs["instances"], n)
         return obs
+
+    def _resident_inputs(self, insts: list[Instance]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`_load_inputs` for every instance of the simulator, found by one compiled scan of the requests that
+        have arrived and not all finished before them (:func:`slogym.envs.kernels.resident`; gathering the
+        instances' lists instead costs more than the scan while that stretch holds up to ``SCAN_MAX`` requests)."""
+        sim = self.sim
+        if sim._na - self._lo > SCAN_MAX:
+            return self._load_inputs(insts)
+        shape = self._shape
+        if shape.size != 6 * len(insts):
+            shape = self._shape = np.array([(0, 0, 0, i.total_blocks, i.engine.max_num_seqs, i.id) for i in insts],
+                                           np.int64).reshape(-1)
+            self._pos = np.zeros(2 * len(insts), np.int64)
+            if self._memo_t.size < len(insts):
+                self._grow_tables()
+        shape[2::6] = [i.free_blocks for i in insts]
+        rs = sim.rs
+        self._lo, n_wait, n_run = kernels.resident(rs.status, rs.I, self._lo, sim._na, DONE, WAITING, RUNNING, shape,
+                                                   self._wait_buf, self._run_buf, self._pos)
+        return self._run_buf[:n_run], self._wait_buf[:n_wait], shape
 
     def _load_inputs(self, insts: list[Instance]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """What :func:`slogym.envs.kernels.instance_load` reads about ``insts``: their running requests and

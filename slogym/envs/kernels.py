@@ -18,7 +18,7 @@ from numba import njit
 
 from slogym.core.kernels import next_deadline
 from slogym.core.metrics import verdict
-from slogym.core.state import I_GEN, I_KV, I_NC, I_NT
+from slogym.core.state import I_GEN, I_KV, I_NC, I_NT, I_SLOT
 from slogym.engines.perf_models import analytic_time
 
 _JIT = dict(cache=True, nogil=True, error_model="numpy")  # numpy error model: x/0 gives inf, as in NumPy
@@ -178,6 +178,46 @@ def instance_load(I: np.ndarray, run: np.ndarray, wait: np.ndarray, shape: np.nd
             stale[n_stale, 2] = ctx
             n_stale += 1
     return n_stale
+
+
+@njit(**_JIT)
+def resident(status: np.ndarray, I: np.ndarray, lo: int, hi: int, done: int, waiting: int, running: int,
+             shape: np.ndarray, wait: np.ndarray, run: np.ndarray, pos: np.ndarray) -> tuple[int, int, int]:
+    """What :func:`instance_load` reads, found by scanning the requests ``lo <= r < hi`` (none before ``lo`` is on
+    an instance, none from ``hi`` has arrived): each instance's waiting (``status == waiting``) and running
+    requests, on instance ``I[r, I_SLOT]`` (its position), grouped by instance into ``wait`` and ``run`` in request
+    order (the load features are sums and minima, which the order does not change) and counted into ``shape[6 i]``
+    and ``shape[6 i + 1]``; ``pos`` (``2 n`` for ``n`` instances) is scratch. Returns (the first request from ``lo``
+    that is not ``done``, where the next scan may start; waiting total; running total)."""
+    while lo < hi and status[lo] == done:
+        lo += 1
+    n = shape.size // 6
+    pos[:] = 0
+    for r in range(lo, hi):
+        s = status[r]
+        if s == waiting:
+            pos[2 * I[r, I_SLOT]] += 1
+        elif s == running:
+            pos[2 * I[r, I_SLOT] + 1] += 1
+    n_wait = n_run = 0
+    for i in range(n):  # counts into shape, and pos becomes each instance's first slot in wait / run
+        shape[6 * i] = pos[2 * i]
+        shape[6 * i + 1] = pos[2 * i + 1]
+        pos[2 * i] = n_wait
+        pos[2 * i + 1] = n_run
+        n_wait += shape[6 * i]
+        n_run += shape[6 * i + 1]
+    for r in range(lo, hi):
+        s = status[r]
+        if s == waiting:
+            k = 2 * I[r, I_SLOT]
+            wait[pos[k]] = r
+            pos[k] += 1
+        elif s == running:
+            k = 2 * I[r, I_SLOT] + 1
+            run[pos[k]] = r
+            pos[k] += 1
+    return lo, n_wait, n_run
 
 
 @njit(**_JIT)
