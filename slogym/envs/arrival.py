@@ -138,26 +138,19 @@ class RoutingEnv(ArrivalEnv):
         # placed_since's counts: _placed[i] = requests placed when instance i last received one, _placed[-1] =
         # requests placed so far (since the episode began)
         self._placed = np.zeros(self.n_instances + 1, np.int64)
-        self._capacity = np.zeros(0, np.int64)
 
     def _bind(self, sim: Simulator) -> None:
         super()._bind(sim)
         self._placed = np.zeros(self.n_instances + 1, np.int64)
-        self._capacity = np.zeros(0, np.int64)
 
     def _observe(self) -> dict[str, np.ndarray]:
         _, r, now = self._msg
         return self._arrival_obs(r, now, self._placed)
 
     def action_masks(self) -> np.ndarray:
-        insts = self.sim.instances
-        if self._capacity.size != len(insts):  # KV capacity in tokens, per instance (fixed for an instance)
-            self._capacity = np.array([i.total_blocks * i.block_size for i in insts], np.int64)
-        mask = np.empty(len(insts) + 1, bool)
-        mask[:-1] = [i.accepting and i.role in ENTRY_ROLES for i in insts]
-        mask[:-1] &= self.sim._max_ctx[self._msg[1]] <= self._capacity
-        mask[-1] = True
-        return mask
+        need = int(self.sim._max_ctx[self._msg[1]])  # _fits, inlined: MaskablePPO asks at every step
+        return np.array([i.accepting and i.role in ENTRY_ROLES and need <= i.total_blocks * i.block_size
+                         for i in self.sim.instances] + [True])
 
     def expert_action(self) -> int:
         """The ``policy`` router's placement for the current request (defer for anything else)."""
