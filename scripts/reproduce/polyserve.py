@@ -56,6 +56,7 @@ import numpy as np
 from slogym.baselines import make_policy
 from slogym.baselines import polyserve_kernels as pk
 from slogym.baselines.polyserve import prefill_profile_table, profile_table, request_tiers
+from slogym.core.cluster import KVTransfer
 from slogym.core.request import Workload
 from slogym.core.simulator import Simulator
 from slogym.engines.registry import get_engine
@@ -175,15 +176,20 @@ def pd_split(w: Workload, eng: Any, n_inst: int) -> tuple[int, int]:
     return n_p, n_inst - n_p
 
 
-def run(w: Workload, eng: Any, policy: str, n_inst: int, **params: Any) -> tuple[dict, Any]:
+def run(w: Workload, eng: Any, policy: str, n_inst: int, transfer: KVTransfer | None = None,
+        **params: Any) -> tuple[dict, Any]:
+    """One run; a PD policy on :func:`pd_split`'s cluster with the KV link ``transfer`` (None: the simulator's
+    default, 100 Gb/s)."""
     pol = make_policy(policy, eng, **params)
-    cluster = {"pd": pd_split(w, eng, n_inst)} if policy in PD_POLICIES else {"n_instances": n_inst}
+    cluster = ({"pd": pd_split(w, eng, n_inst), "transfer": transfer} if policy in PD_POLICIES
+               else {"n_instances": n_inst})
     sim = Simulator(w, eng, pol, attainment="dslo", **cluster).run()
     return sim.result().summary, (pol, sim)
 
 
 def sweep(make: Any, eng: Any, n_inst: int, rates: list[float], budgets: list[int],
-          policies: tuple[str, ...] = CO_POLICIES + PD_POLICIES) -> dict[str, list[dict]]:
+          policies: tuple[str, ...] = CO_POLICIES + PD_POLICIES,
+          transfer: KVTransfer | None = None) -> dict[str, list[dict]]:
     """Summaries per policy per rate; CO-Chunk keeps its best budget at each rate (the paper's sweep)."""
     out: dict[str, list[dict]] = {p: [] for p in policies}
     for rate in rates:
@@ -193,7 +199,7 @@ def sweep(make: Any, eng: Any, n_inst: int, rates: list[float], budgets: list[in
                 runs = [run(w, eng, p, n_inst, token_budget=b)[0] | {"token_budget": b} for b in budgets]
                 out[p].append(max(runs, key=lambda s: s["attainment"]))
             else:
-                out[p].append(run(w, eng, p, n_inst)[0])
+                out[p].append(run(w, eng, p, n_inst, transfer)[0])
     return out
 
 
@@ -276,11 +282,12 @@ def exp_goodput(a: argparse.Namespace, eng: Any) -> None:
         opt = optimal_rate(probe, eng, a.instances)
         rates = [f * opt for f in a.loads]
         res = sweep(lambda r: workload(trace, r, n_requests(a, r), a.seed, eng), eng, a.instances, rates, a.budgets,
-                    a.policies)
+                    a.policies, a.transfer)
         counts = sorted({n_requests(a, r) for r in rates})
+        span = f"{counts[0]}{f'-{counts[-1]}' if len(counts) > 1 else ''}"
         good = report_sweep(f"goodput, {trace}, {a.instances} instances (PD split "
-                            f"{pd_split(probe, eng, a.instances)}), {counts[0]}{f'-{counts[-1]}' if len(counts) > 1 else ''} "
-                            f"requests", rates, opt, res, optimal_rate(probe, eng, a.instances, attention=False))
+                            f"{pd_split(probe, eng, a.instances)}), {span} requests", rates, opt, res,
+                            optimal_rate(probe, eng, a.instances, attention=False))
         summary.append((trace, ratios(rates, good)))
     print(f"\n## summary: goodput at {TARGET:.0%} attainment, PolyServe / best baseline of its variant "
           f"({a.instances} instances; '>=': PolyServe met the target at the top load)")
@@ -297,7 +304,7 @@ def exp_burst(a: argparse.Namespace, eng: Any) -> None:
     opt = optimal_rate(probe, eng, a.instances)
     rates = [f * opt for f in a.loads]
     res = sweep(lambda r: flipped(trace, r, n_requests(a, r), a.seed, eng), eng, a.instances, rates, a.budgets,
-                a.policies)
+                a.policies, a.transfer)
     report_sweep(f"burst: tier mix flips half-way, {trace}, {a.instances} instances", rates, opt, res,
                  optimal_rate(probe, eng, a.instances, attention=False))
 
@@ -335,7 +342,7 @@ def exp_servers(a: argparse.Namespace, eng: Any) -> None:
         opt = optimal_rate(workload(trace, 1.0, a.requests, a.seed, eng), eng, n)
         rates = [f * opt for f in a.loads]
         res = sweep(lambda r: workload(trace, r, n_requests(a, r), a.seed, eng), eng, n, rates, a.budgets,
-                    a.policies)
+                    a.policies, a.transfer)
         good = {p: goodput_at(rates, [s["attainment"] for s in rows]) / n for p, rows in res.items()}
         print(f"{n:7d} " + "".join(f"{good[p]:22.3f}" for p in a.policies))
 
@@ -356,6 +363,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--experiments", default="goodput,burst,cost,servers")
     ap.add_argument("--engine", default="llama3-8b-h200")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kv-gbps", type=float, default=KVTransfer.bandwidth_gbps,
+                    help="PD runs' KV-transfer link in Gb/s (default: the simulator's, one 100 Gb/s NIC per GPU; "
+                         "the paper states no transfer model, and its §4.6 times the second token by wait and "
+                         "iteration alone; NVLink is ~3600)")
     ap.add_argument("--quick", action="store_true", help="the reduced run (defaults in parentheses above)")
     ap.add_argument("--co-only", action="store_true", help="skip the disaggregated (PD) policies")
     ap.add_argument("--pd-only", action="store_true", help="only the disaggregated (PD) policies (no cost "
@@ -370,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     a.budgets = [int(x) for x in a.budgets.split(",")]
     a.servers = [int(x) for x in a.servers.split(",")]
     a.cost_rates = [float(x) for x in a.cost_rates.split(",")]
+    a.transfer = KVTransfer(bandwidth_gbps=a.kv_gbps)
     unknown = set(a.traces) - set(TRACES)
     if unknown:
         ap.error(f"unknown traces {sorted(unknown)}; known: {list(TRACES)}")
@@ -380,7 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     a.policies = (() if a.pd_only else CO_POLICIES) + (PD_POLICIES if pd else ())
     if a.pd_only:
         a.experiments = ",".join(e for e in a.experiments.split(",") if e != "cost")
-    print(f"# PolyServe reproduction ({a.engine}; {'PD only' if a.pd_only else 'CO and PD' if pd else 'CO only'})")
+    link = f"; KV link {a.kv_gbps:g} Gb/s" if pd else ""
+    mode = "PD only" if a.pd_only else "CO and PD" if pd else "CO only"
+    print(f"# PolyServe reproduction ({a.engine}; {mode}{link})")
     t0 = time.perf_counter()
     for e in a.experiments.split(","):
         {"goodput": exp_goodput, "burst": exp_burst, "cost": exp_cost, "servers": exp_servers}[e](a, eng)
