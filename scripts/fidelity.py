@@ -57,8 +57,8 @@ from slogym.core.batch import BatchFeatures
 from slogym.core.instance import Instance
 from slogym.engines.live import EngineConfig, LiveSimulator, VLLMEngine, live_spec, make_tiny_model
 from slogym.engines.live.client import TIMINGS
-from slogym.engines.profiler import (ProfileGrid, aggregate, noise_pct, profile, repeat_ratios, retime,
-                                     speed_elasticity, warm_shapes)
+from slogym.engines.profiler import (ProfileGrid, aggregate, noise_pct, norm_exponents, profile, repeat_ratios,
+                                     retime, warm_shapes)
 
 ROOT = Path(__file__).resolve().parents[1]
 AZURE = ROOT.parent / "shared" / "traces" / "azure_conv_2023.csv.gz"
@@ -279,22 +279,24 @@ def compare(live: RecordingLive, sim: RecordingSim, spec: EngineSpec) -> dict[st
     return out
 
 
-def elasticity_one(prof: pd.DataFrame, iterations: dict[str, pd.DataFrame], family: str | None,
-                   seed: int) -> dict[str, dict[str, float]]:
-    """The per-iteration error had every time been the plain ``norm`` time (``cpu_s * speed``, elasticity 1):
-    the same profile rows and live iterations re-timed, the model re-fitted the same way. Per policy
-    ``iteration_mape``, ``iteration_bias`` and ``oracle_mape`` (%); the live schedule is the one measured, so
-    only the per-iteration figures can be compared this way."""
+def timing_variants(prof: pd.DataFrame, iterations: dict[str, pd.DataFrame], family: str | None, seed: int,
+                    elasticity: dict[str, float]) -> dict[str, dict[str, dict[str, float]]]:
+    """The per-iteration error under the other ``norm`` exponents: ``plain_norm`` (``cpu_s * speed``: e = 1,
+    b = 0) and ``speed_only`` (the run's fitted e, b = 0); the same profile rows and live iterations re-timed,
+    the model re-fitted the same way. Per variant and policy ``iteration_mape``, ``iteration_bias`` and
+    ``oracle_mape`` (%); the live schedule is the one measured, so only per-iteration figures compare."""
     if "cpu_s" not in prof or prof["speed"].nunique() < 2:
         return {}
-    perf = fit_profile_medians(retime(prof, {}), family, seed)[0]
-    out = {}
-    for name, it in iterations.items():
-        it = retime(it, {})
-        t, pred = it["time_s"].to_numpy(), perf.batch_time(features_of(it))
-        out[name] = {"iteration_mape": float(np.mean(np.abs(pred / t - 1.0)) * 100.0),
-                     "iteration_bias": float((t.sum() / pred.sum() - 1.0) * 100.0),
-                     "oracle_mape": repeated_split(it, pred).get("oracle_mape", float("nan"))}
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for variant, e in (("plain_norm", {}), ("speed_only", elasticity)):
+        perf = fit_profile_medians(retime(prof, e), family, seed)[0]
+        out[variant] = {}
+        for name, it in iterations.items():
+            it = retime(it, e)
+            t, pred = it["time_s"].to_numpy(), perf.batch_time(features_of(it))
+            out[variant][name] = {"iteration_mape": float(np.mean(np.abs(pred / t - 1.0)) * 100.0),
+                                  "iteration_bias": float((t.sum() / pred.sum() - 1.0) * 100.0),
+                                  "oracle_mape": repeated_split(it, pred).get("oracle_mape", float("nan"))}
     return out
 
 
@@ -355,12 +357,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ref-window", type=int, default=EngineConfig.ref_window,
                     help="norm timing: speed samples averaged per step, >= 2: this step's two and earlier steps' "
                          "(EngineConfig.ref_window)")
-    ap.add_argument("--elasticity", choices=("auto", "one"), default="auto",
-                    help="norm timing: per batch kind, the exponent of the speed factor (time = cpu_s * factor ** e); "
-                         "auto (default): fitted on the profile passes before the replays "
-                         "(profiler.speed_elasticity) and used for everything after; one: e = 1 (the plain norm "
-                         "timing). Either way the result also reports the iteration MAPE with e = 1 "
-                         "(elasticity_one)")
+    ap.add_argument("--elasticity", choices=("auto", "speed", "one"), default="auto",
+                    help="norm timing: per batch kind, the exponents of the speed factor and of wall / CPU time "
+                         "(time = cpu_s * factor ** e * max(wall_s / cpu_s, 1) ** -b); auto (default): both "
+                         "fitted on the profile passes before the replays (profiler.norm_exponents) and used for "
+                         "everything after; speed: e only (b = 0); one: e = 1, b = 0 (the plain norm timing). The "
+                         "result also reports the iteration MAPE of the same iterations under the other two "
+                         "(timing_variants)")
     ap.add_argument("--noise-repeats", type=int, default=100,
                     help="back-to-back repeats of one batch per kind for the noise floor (0: skip)")
     ap.add_argument("--calibrate", type=int, default=0, metavar="N",
@@ -402,10 +405,12 @@ def main(argv: list[str] | None = None) -> int:
             lap("warm_shapes")
         pre = profile(engine, grid, repeats=args.repeats, seed=args.seed, measure=args.measure)
         lap("profile_before")
-        elast = speed_elasticity(pre) if args.timing == "norm" and args.elasticity == "auto" else {}
-        if elast:  # everything from here on is timed with it; the passes so far are re-timed alike
-            engine.config.norm_elasticity = elast
-            pre = retime(pre, elast)
+        elast, preempt = (norm_exponents(pre) if args.timing == "norm" and args.elasticity != "one" else ({}, {}))
+        if args.elasticity == "speed":
+            preempt = {}
+        if elast or preempt:  # everything from here on is timed with them; the passes so far are re-timed alike
+            engine.config.norm_elasticity, engine.config.norm_preempt = elast, preempt
+            pre = retime(pre, elast, preempt)
         b2b = repeat_ratios(engine, args.noise_repeats) if args.noise_repeats > 0 else {}
         noise = noise_pct(b2b)
         plan_spec = live_spec(cfg, fit_profile_medians(pre, args.family, args.seed)[0])  # what planning policies see
@@ -455,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
             sim.result().records.to_csv(out / f"sim_{name}.csv", index=False)
             live.iteration_records().to_csv(out / f"iterations_{name}.csv", index=False)
             (out / f"batches_{name}.json").write_text(json.dumps({"live": live.batches, "sim": sim.batches}))
-    one = elasticity_one(prof, {k: lv.iteration_records() for k, lv in lives.items()}, args.family, args.seed)
+    variants = timing_variants(prof, {k: lv.iteration_records() for k, lv in lives.items()}, args.family,
+                               args.seed, elast)
     lap("fit_and_simulate")
     if args.save:
         prof.to_csv(Path(args.save) / "profile.csv", index=False)
@@ -469,7 +475,8 @@ def main(argv: list[str] | None = None) -> int:
                          "noise_live_same_batch": float(np.mean(np.abs(same - 1.0)) * 100.0) if same.size else None,
                          "noise_live_same_batch_n": int(same.size), "noise_only_source": inject_src,
                          "timing": args.timing, "ref_reps": args.ref_reps, "ref_window": args.ref_window,
-                         "norm_elasticity": elast, "elasticity_one": one, "phase_wall_s": phases,
+                         "norm_elasticity": elast, "norm_preempt": preempt, "timing_variants": variants,
+                         "phase_wall_s": phases,
                          "arch": args.arch, "model": str(model),
                          "rate": args.rate, "slo_ttft_s": args.ttft, "slo_tpot_s": args.tpot, "warm_shapes": args.warm_shapes, "workload": src,
                          "requests": len(w), "calibration_requests": args.calibrate if calib else 0,

@@ -167,9 +167,10 @@ def test_profile_grid_covers_every_small_decode_batch() -> None:
     assert all(b * (n + 16) <= 16 * 32 for b, n in tight.decode)
 
 
-def _visits(elasticity: dict[str, float], seed: int = 0) -> "pd.DataFrame":
+def _visits(elasticity: dict[str, float], preempt: float = 0.0, seed: int = 0) -> "pd.DataFrame":
     """Profile-like rows: 3 kinds x 30 compositions x 4 passes whose raw CPU time follows the speed factor with
-    ``elasticity`` (cpu = base * speed ** -e) times a small independent noise."""
+    ``elasticity`` (cpu = base * speed ** -e), and a third of them descheduled inside the step (wall / CPU time
+    1.1-3) costing ``(wall / cpu) ** preempt`` more CPU time, times a small independent noise."""
     import numpy as np
     import pandas as pd
 
@@ -182,28 +183,34 @@ def _visits(elasticity: dict[str, float], seed: int = 0) -> "pd.DataFrame":
             base = 0.01 * (1 + c)
             for _ in range(4):
                 speed = float(np.exp(rng.normal(0.0, 0.3)))
-                cpu = base * speed ** -elasticity[kind] * float(np.exp(rng.normal(0.0, 0.01)))
+                ratio = float(rng.uniform(1.1, 3.0)) if rng.random() < 1 / 3 else 1.0
+                cpu = base * speed ** -elasticity[kind] * ratio ** preempt * float(np.exp(rng.normal(0.0, 0.01)))
                 rows.append({**dict.fromkeys(BatchFeatures._fields, 0), "kind": kind,
                              "prefill_tokens": 0 if kind == "decode" else 16 * (c + 1),
                              "decode_seqs": 0 if kind == "prefill" else c + 1, "cpu_s": cpu, "speed": speed,
-                             "time_s": cpu * speed})
+                             "wall_s": cpu * ratio, "time_s": cpu * speed})
     return pd.DataFrame(rows)
 
 
-def test_speed_elasticity_recovers_each_kinds_exponent_and_retime_applies_it() -> None:
+def _spread(df: "pd.DataFrame") -> "pd.Series":
+    """Per kind, the mean relative standard deviation of a composition's visits."""
+    g = df.groupby(["kind", "prefill_tokens", "decode_seqs"])["time_s"]
+    return g.agg(lambda t: t.std() / t.mean()).groupby(level="kind").mean()
+
+
+def test_norm_exponents_recover_each_kinds_elasticity_and_retime_applies_it() -> None:
     import numpy as np
 
-    from slogym.engines.profiler import retime, speed_elasticity
+    from slogym.engines.profiler import norm_exponents, retime
 
     true = {"prefill": 0.5, "decode": 1.0, "mixed": 0.75}
     df = _visits(true)
-    est = speed_elasticity(df)
+    est, preempt = norm_exponents(df)
     assert set(est) == set(true) and all(abs(est[k] - true[k]) < 0.05 for k in true)
+    assert all(b < 0.05 for b in preempt.values())  # preemption costs nothing here
     # re-timed with the fitted exponents, a composition's visits agree (the factor's swings are removed);
     # the plain norm time (exponent 1) leaves the prefill and mixed visits spread
-    for times, tight in ((retime(df, est), True), (retime(df, {}), False)):
-        spread = times.groupby(["kind", "prefill_tokens", "decode_seqs"])["time_s"].agg(lambda t: t.std() / t.mean())
-        assert (spread.groupby(level="kind").mean() < 0.03).all() == tight
+    assert (_spread(retime(df, est)) < 0.03).all() and not (_spread(retime(df, {})) < 0.03).all()
     # rows without a kind (live iterations) take it from their features
     live = retime(df.drop(columns="kind"), {"prefill": 0.0})
     pre = (df["decode_seqs"] == 0).to_numpy()
@@ -211,20 +218,34 @@ def test_speed_elasticity_recovers_each_kinds_exponent_and_retime_applies_it() -
     assert np.allclose(live["time_s"][~pre], (df["cpu_s"] * df["speed"])[~pre])
 
 
-def test_speed_elasticity_keeps_one_without_repeats_or_factor_spread() -> None:
-    from slogym.engines.profiler import speed_elasticity
+def test_norm_exponents_price_preemption_inside_the_step() -> None:
+    from slogym.engines.profiler import norm_exponents, retime
+
+    df = _visits({"prefill": 1.0, "decode": 1.0, "mixed": 1.0}, preempt=0.1)
+    est, preempt = norm_exponents(df)
+    assert set(preempt) == {"prefill", "decode", "mixed"} and all(abs(b - 0.1) < 0.02 for b in preempt.values())
+    assert all(abs(e - 1.0) < 0.05 for e in est.values())
+    assert (_spread(retime(df, est, preempt)) < _spread(retime(df, est))).all()
+    # too few preempted visits of a kind: no preemption exponent for it
+    few = df[(df["wall_s"] == df["cpu_s"]) | (df["kind"] != "mixed")]
+    assert set(norm_exponents(few)[1]) == {"prefill", "decode"}
+
+
+def test_norm_exponents_need_repeats_and_factor_spread() -> None:
+    from slogym.engines.profiler import norm_exponents
 
     df = _visits({"prefill": 0.5, "decode": 0.5, "mixed": 0.5})
-    assert speed_elasticity(df.assign(speed=1.0)) == {}  # cpu / wall timing: nothing to estimate
+    assert norm_exponents(df.assign(speed=1.0)) == ({}, {})  # cpu / wall timing: nothing to estimate
     once = df.groupby(["kind", "prefill_tokens", "decode_seqs"]).head(1)  # every composition visited once
-    assert speed_elasticity(once) == {}
-    assert set(speed_elasticity(df[df["kind"] != "mixed"])) == {"prefill", "decode"}
+    assert norm_exponents(once) == ({}, {})
+    assert set(norm_exponents(df[df["kind"] != "mixed"])[0]) == {"prefill", "decode"}
 
 
-@pytest.mark.parametrize("bad", [{"decode": -0.1}, {"decode": 2.5}, {"spec": 1.0}])
-def test_engine_config_rejects_bad_elasticity(bad: dict[str, float]) -> None:
-    with pytest.raises(ValueError, match="norm_elasticity"):
-        EngineConfig(model="m", num_blocks=64, max_model_len=1024, norm_elasticity=bad)
+@pytest.mark.parametrize("name, bad", [("norm_elasticity", {"decode": -0.1}), ("norm_elasticity", {"decode": 2.5}),
+                                       ("norm_elasticity", {"spec": 1.0}), ("norm_preempt", {"prefill": 1.5})])
+def test_engine_config_rejects_bad_norm_exponents(name: str, bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match=name):
+        EngineConfig(model="m", num_blocks=64, max_model_len=1024, **{name: bad})
 
 
 def test_ops_reference_calibrates_like_the_gemm_reference() -> None:

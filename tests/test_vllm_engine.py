@@ -304,12 +304,14 @@ def test_norm_timing_and_noise_floor(engine: VLLMEngine) -> None:
     reply = engine.step([(rid, 16, 0, 16)], add=[(rid, 16, 2)])
     assert reply["speed"] > 0 and reply["cpu_s"] > 0
     assert engine.duration(reply) == pytest.approx(reply["cpu_s"] * reply["speed"])
-    engine.config.norm_elasticity = {"prefill": 0.5}
+    engine.config.norm_elasticity, engine.config.norm_preempt = {"prefill": 0.5}, {"decode": 0.2}
     try:
         assert engine.duration(reply, "prefill") == pytest.approx(reply["cpu_s"] * reply["speed"] ** 0.5)
-        assert engine.duration(reply, "decode") == pytest.approx(reply["cpu_s"] * reply["speed"])
+        late = reply | {"time_s": 2.0 * reply["cpu_s"]}  # descheduled for half the step
+        assert engine.duration(late, "decode") == pytest.approx(reply["cpu_s"] * reply["speed"] * 2.0 ** -0.2)
+        assert engine.duration(late, "mixed") == pytest.approx(reply["cpu_s"] * reply["speed"])
     finally:
-        engine.config.norm_elasticity = {}
+        engine.config.norm_elasticity, engine.config.norm_preempt = {}, {}
     engine.abort([rid])
     noise = repeat_noise(engine, n=5, batch=2, context=32, chunk=16)
     assert set(noise) == {"prefill", "decode", "mixed"} and all(np.isfinite(v) and v >= 0 for v in noise.values())

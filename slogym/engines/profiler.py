@@ -36,6 +36,8 @@ and there the engine's time is not linear in the batch size (on the live vLLM CP
 more than one of 4, one of 3 less than the line through 2 and 4 predicts); ``phase-quadratic-pwl`` places a
 knot at each profiled token count. Swept at every other context length (the context term is pinned by the
 other sizes)."""
+PREEMPTED = 1.05
+"""A step whose wall time exceeds its CPU time by this factor counts as preempted (:func:`norm_exponents`)."""
 DECODE_SETTLE = 8
 """Unmeasured decode steps of a decode visit's batch before its warm-up: the first steps after a batch formed
 cost more (vLLM's persistent batch, caches); measured on the live engine, decode steps 3-5 after formation were
@@ -250,7 +252,7 @@ def profile(engine: VLLMEngine, grid: ProfileGrid | None = None, repeats: int = 
             rows.append({"kind": kind, **{k: int(v) for k, v in zip(BatchFeatures._fields, f)}, "time_s": dt,
                          "pass": rep, **raw})
     return pd.DataFrame(rows, columns=["kind", *BatchFeatures._fields, "time_s", "pass", "cpu_s", "speed",
-                                       "speed_ops"])
+                                       "wall_s", "speed_ops"])
 
 
 def _visit(d: _Driver, kind: str, point: tuple[int, ...], warmup: int, measure: int,
@@ -272,7 +274,8 @@ def _visit(d: _Driver, kind: str, point: tuple[int, ...], warmup: int, measure: 
 
     def step(items: list[tuple[int, int]]) -> None:
         steps.append(d.step(items))
-        raw.append((float(d.last["cpu_s"]), float(d.last["speed"]), float(d.last.get("speed_ops", 1.0))))
+        raw.append((float(d.last["cpu_s"]), float(d.last["speed"]), float(d.last["time_s"]),
+                    float(d.last.get("speed_ops", 1.0))))
 
     iters = warmup + measure
     if kind == "prefill":
@@ -315,49 +318,73 @@ def _median_step(steps: list[tuple[float, BatchFeatures]],
                  raw: list[tuple[float, ...]]) -> tuple[float, BatchFeatures, dict[str, float]]:
     """The median time of ``steps`` (an odd count) with the middle step's features: fixed per composition (a
     decode context grows by one token per step), so repeats of a composition in other passes aggregate
-    together. ``cpu_s`` / ``speed`` (/ ``speed_ops``) are the raw CPU time and ``norm`` factor(s) of the
-    median-time step itself, so :func:`retime` can recompute the row under another ``norm`` elasticity."""
+    together. ``cpu_s`` / ``speed`` (/ ``wall_s`` / ``speed_ops``) are the raw CPU time, ``norm`` factor, wall
+    time and diagnostic factor of the median-time step itself, so :func:`retime` can recompute the row under
+    other ``norm`` exponents."""
     times = [t for t, _ in steps]
     k = int(np.argsort(times, kind="stable")[len(times) // 2])
-    return float(times[k]), steps[len(steps) // 2][1], dict(zip(("cpu_s", "speed", "speed_ops"), map(float, raw[k])))
+    names = ("cpu_s", "speed", "wall_s", "speed_ops")
+    return float(times[k]), steps[len(steps) // 2][1], dict(zip(names, map(float, raw[k])))
 
 
-def speed_elasticity(records: pd.DataFrame, min_pairs: int = 20) -> dict[str, float]:
-    """Per batch kind, how strongly the raw CPU time follows the ``norm`` reference kernel's speed factor: the
-    slope ``e`` of ``log cpu_s = c_composition - e * log speed`` fitted within compositions (each composition's
-    own mean removed: a fixed-effects regression over the visits of different passes), clipped to [0, 2].
+def norm_exponents(records: pd.DataFrame, min_pairs: int = 20,
+                   min_preempted: int = 20) -> tuple[dict[str, float], dict[str, float]]:
+    """Per batch kind, the ``norm`` timing's two exponents (``EngineConfig.norm_elasticity`` / ``norm_preempt``)
+    fitted on profile rows: ``log cpu_s = c_composition - e * log speed + b * log max(wall_s / cpu_s, 1)``
+    within compositions (each composition's own means removed: a fixed-effects regression over the visits of
+    different passes), ``e`` clipped to [0, 2] and ``b`` to [0, 1].
 
-    ``e = 1`` is the plain ``norm`` timing (the step slows exactly as the kernel does). On the shared VM the
-    step and the kernel do not always slow alike: in runs where the machine's state swung the kernel's speed
-    2-3x, identical steps followed it with ``e`` 0.4-0.8, so ``cpu_s * speed`` over-corrected and spread
-    identical steps by 8-11 % (docs/live_engine.md, "Speed elasticity"). The slope is also the least-squares
-    best exponent for a noisy factor (regression attenuation is what a predictor wants). A kind with fewer than
-    ``min_pairs`` visits in repeated compositions, or no spread in the factor (``cpu`` / ``wall`` timing), keeps
-    1."""
+    ``e``, the speed elasticity, is how strongly the step's CPU time follows the reference kernel's speed: 1 is
+    the plain ``norm`` timing. On the shared VM the two do not always slow alike: in runs where the machine's
+    state swung the kernel's speed 2-3x, identical steps followed it with ``e`` 0.4-0.8, so ``cpu_s * speed``
+    over-corrected and spread identical steps by 8-11 %. ``b`` prices preemption inside the step: a step the OS
+    descheduled (wall time over CPU time) pays cache refills after the other processes ran, which the kernel
+    sampled outside the step cannot see (on the fidelity replays, 10-50 % of the steps under load, +2..+7 %
+    median CPU time). Least-squares slopes are what a predictor wants of noisy regressors (attenuation
+    included). A kind with fewer than ``min_pairs`` visits in repeated compositions or no spread in the factor
+    (``cpu`` / ``wall`` timing) gets no ``e`` (1 is used); ``b`` is fitted only where at least
+    ``min_preempted`` of those visits were preempted (wall / CPU > :data:`PREEMPTED`), else none (0 is used).
+    See docs/live_engine.md, "Speed elasticity"."""
     key = ["kind", *BatchFeatures._fields]
-    out: dict[str, float] = {}
+    elasticity: dict[str, float] = {}
+    preempt: dict[str, float] = {}
     for kind in BATCH_KINDS:
         d = records[records["kind"] == kind]
         grp = d.groupby(key, sort=False).ngroup()
         rep = grp.map(grp.value_counts()) >= 2
         d, grp = d[rep], grp[rep]
-        lc, ls = np.log(d["cpu_s"]), np.log(d["speed"])
-        dc, ds = lc - lc.groupby(grp).transform("mean"), ls - ls.groupby(grp).transform("mean")
-        var = float((ds * ds).sum())
-        if len(d) >= min_pairs and var > 1e-12:
-            out[kind] = float(np.clip(-(dc * ds).sum() / var, 0.0, 2.0))
-    return out
+        if len(d) < min_pairs:
+            continue
+        cols = {"e": -np.log(d["speed"])}
+        if "wall_s" in d and int((d["wall_s"] > PREEMPTED * d["cpu_s"]).sum()) >= min_preempted:
+            cols["b"] = np.log(np.maximum(d["wall_s"] / d["cpu_s"], 1.0))
+        x = np.stack([v - v.groupby(grp).transform("mean") for v in cols.values()], axis=1)
+        y = np.log(d["cpu_s"]) - np.log(d["cpu_s"]).groupby(grp).transform("mean")
+        if float((x[:, 0] ** 2).sum()) <= 1e-12:
+            continue
+        coef = dict(zip(cols, np.linalg.lstsq(x, y.to_numpy(), rcond=None)[0].tolist()))
+        elasticity[kind] = float(np.clip(coef["e"], 0.0, 2.0))
+        if "b" in coef:
+            preempt[kind] = float(np.clip(coef["b"], 0.0, 1.0))
+    return elasticity, preempt
 
 
-def retime(records: pd.DataFrame, elasticity: dict[str, float]) -> pd.DataFrame:
-    """``records`` (profile rows or live iterations with ``cpu_s`` and ``speed``) with ``time_s`` recomputed as
-    the ``norm`` time under ``elasticity`` (kind -> exponent, missing kinds 1): ``cpu_s * speed ** e``. Rows
-    without a ``kind`` column get theirs from their features."""
+def retime(records: pd.DataFrame, elasticity: dict[str, float],
+           preempt: dict[str, float] | None = None) -> pd.DataFrame:
+    """``records`` (profile rows or live iterations with ``cpu_s``, ``speed`` and, for ``preempt``, ``wall_s``)
+    with ``time_s`` recomputed as the ``norm`` time under these exponents (kind -> exponent; missing kinds:
+    ``e = 1``, ``b = 0``): ``cpu_s * speed ** e * max(wall_s / cpu_s, 1) ** -b``
+    (:meth:`~slogym.engines.live.client.VLLMEngine.duration`). Rows without a ``kind`` column get theirs from
+    their features."""
     kind = (records["kind"] if "kind" in records else
             pd.Series([batch_kind(p, d) for p, d in zip(records["prefill_tokens"], records["decode_seqs"])],
                       index=records.index))
     e = kind.map(lambda k: elasticity.get(k, 1.0)).astype(float)
-    return records.assign(time_s=records["cpu_s"] * records["speed"] ** e)
+    t = records["cpu_s"] * records["speed"] ** e
+    if preempt:
+        b = kind.map(lambda k: preempt.get(k, 0.0)).astype(float)
+        t = t * np.maximum(records["wall_s"] / records["cpu_s"], 1.0) ** -b
+    return records.assign(time_s=t)
 
 
 def aggregate(df: pd.DataFrame) -> pd.DataFrame:

@@ -104,11 +104,12 @@ class EngineConfig:
     SpeedReference`: removes the slow drift of CPU time with other tenants' load; ``ref_reps`` passes of the
     kernel per sample, the factor from the geometric mean of the last ``ref_window`` samples -- this step's two
     and the previous step's; ~0.6 ms of extra wall time per step for hidden 256, not counted; ``ref_hidden``:
-    the hidden size its GEMMs are shaped like, default the model's). ``norm_elasticity`` (batch kind ->
-    exponent, default 1 for every kind) makes the ``norm`` time ``cpu_s * factor ** elasticity``: how strongly
-    a kind's CPU time follows the reference kernel's speed (:func:`slogym.engines.profiler.speed_elasticity`
-    estimates it from repeated profile visits; on the shared VM 0.4-1.1 depending on the kind and the machine's
-    state, docs/live_engine.md "Speed elasticity").
+    the hidden size its GEMMs are shaped like, default the model's). ``norm_elasticity`` ``e`` and
+    ``norm_preempt`` ``b`` (batch kind -> exponent; defaults 1 and 0 for every kind) make the ``norm`` time
+    ``cpu_s * factor ** e * max(wall_s / cpu_s, 1) ** -b``: how strongly a kind's CPU time follows the
+    reference kernel's speed, and what being descheduled inside the step adds to it (cache refills);
+    :func:`slogym.engines.profiler.norm_exponents` fits both on repeated profile visits (docs/live_engine.md,
+    "Speed elasticity").
     The worker raises oneDNN's primitive cache (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``,
     default 8192 here, 1024 in oneDNN) so that a warmed-up engine keeps every GEMM shape it has seen.
     """
@@ -128,6 +129,7 @@ class EngineConfig:
     ref_reps: int = 1
     ref_window: int = 4
     norm_elasticity: dict[str, float] = field(default_factory=dict)
+    norm_preempt: dict[str, float] = field(default_factory=dict)
     step_timeout: float = 60.0
     init_timeout: float = 600.0
     python: str | None = None
@@ -143,10 +145,11 @@ class EngineConfig:
                              f"({self.num_blocks} blocks x {self.block_size} tokens)")
         if self.ref_window < 2:
             raise ValueError(f"EngineConfig.ref_window={self.ref_window!r}; must be >= 2 (a step's two samples)")
-        for kind, e in self.norm_elasticity.items():
-            if kind not in BATCH_KINDS or not 0.0 <= float(e) <= 2.0:
-                raise ValueError(f"EngineConfig.norm_elasticity[{kind!r}]={e!r}; kinds are {BATCH_KINDS}, "
-                                 "exponents in [0, 2]")
+        for name, top in (("norm_elasticity", 2.0), ("norm_preempt", 1.0)):
+            for kind, e in getattr(self, name).items():
+                if kind not in BATCH_KINDS or not 0.0 <= float(e) <= top:
+                    raise ValueError(f"EngineConfig.{name}[{kind!r}]={e!r}; kinds are {BATCH_KINDS}, "
+                                     f"exponents in [0, {top:g}]")
         if self.timing not in TIMINGS:
             raise ValueError(f"EngineConfig.timing={self.timing!r}; expected one of {TIMINGS}")
         if not (self.step_timeout > 0 and self.init_timeout > 0):
@@ -256,12 +259,16 @@ class VLLMEngine:
 
     def duration(self, reply: dict[str, Any], kind: str = "decode") -> float:
         """The iteration time of a step reply under this engine's ``timing``; ``kind`` (:func:`batch_kind`)
-        picks the ``norm`` timing's elasticity."""
-        if self.config.timing == "wall":
-            return float(reply["time_s"])
-        if self.config.timing == "cpu":
-            return float(reply["cpu_s"])
-        return float(reply["cpu_s"]) * float(reply["speed"]) ** self.config.norm_elasticity.get(kind, 1.0)
+        picks the ``norm`` timing's exponents (``EngineConfig.norm_elasticity`` / ``norm_preempt``)."""
+        cfg = self.config
+        wall, cpu = float(reply["time_s"]), float(reply["cpu_s"])
+        if cfg.timing == "wall":
+            return wall
+        if cfg.timing == "cpu":
+            return cpu
+        b = cfg.norm_preempt.get(kind, 0.0)
+        return (cpu * float(reply["speed"]) ** cfg.norm_elasticity.get(kind, 1.0)
+                * (max(wall / cpu, 1.0) ** -b if b else 1.0))
 
     def abort(self, requests: list[int]) -> int:
         """Abort ``requests`` in the engine (their KV is freed) without running a step; returns the engine's
