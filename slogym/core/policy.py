@@ -99,7 +99,9 @@ class Scheduler(ABC):
         compiled pilot's rules (``slogym.core.pilot``; the watermark applies while the instance runs something:
         PREFILL_FIRST admits whole prompts into the blocks above it, STALL_FREE starts a prompt only when all of it
         fits above it, -1 turning that check off) on ``inst``, so the simulator may run its iterations
-        compiled; None (the default) keeps every decision in ``next_batch``."""
+        compiled; None (the default) keeps every decision in ``next_batch``. A scheduler with a rule never
+        speculates (no draft tokens): the pilot's lower bound on an iteration's duration, from which the simulator
+        bounds the earliest finish (``Instance.dt_floor``), counts one token per decode step."""
         return None
 
 
