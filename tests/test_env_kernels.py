@@ -84,7 +84,8 @@ def test_candidate_features_match_the_numpy_definition():
         rem = rs.num_tokens[c] - rs.num_computed[c]
         want[:n] = np.column_stack([
             rs.status[c] == 4, rem == 1, log_tokens(rem), log_tokens(rs.num_tokens[c]), log_tokens(rs.generated[c]),
-            log_tokens(env.predictor.predict(w.app[c])[:, -1]), np.nan_to_num(rs.next_deadline(w, c) - now, posinf=CLIP),
+            log_tokens(env.predictor.predict(w.app[c])[:, -1]),
+            np.nan_to_num(rs.next_deadline(w, c) - now, posinf=CLIP),
             np.minimum(w.min_tpot[c] / 0.1, CLIP), now - rs.ready[c], w.best_effort[c],
         ])
         obs = env._observe()
