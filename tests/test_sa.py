@@ -283,3 +283,26 @@ def test_sa_beats_fcfs_on_constructed_case():
                       ("fcfs", make_policy("vllm", ENGINE, max_num_seqs=1))):
         out[name] = Simulator(w, ENGINE, pol, attainment="mean_tpot").run().result().summary["sa_objective"]
     assert out["sa"] > out["fcfs"], out
+
+
+def test_memory_round_robin_router_follows_eq_20():
+    # §4.4, Eq. 20: a request (prompt + predicted output, here the 128-token prior) goes to the instance with the
+    # most remaining virtual memory (eta x free KV tokens at the round's start); when none can hold it, a new round
+    # resets every instance's remaining memory
+    from conftest import ToyEngine
+
+    from slogym.baselines.sa import MemoryRoundRobinRouter
+
+    eng = ToyEngine(a=0.01, b=0.001, c=0.0)
+    eng.kv_capacity_tokens, eng.block_size = 1600, 16
+    w = Workload.from_requests([Request(0.0, [prefill(p), decode(8)], app="code", ttlt=30.0)
+                                for p in (500, 300, 600, 400)])
+    sim = Simulator(w, eng, POLICIES["sa"](eng), n_instances=2)
+    router = MemoryRoundRobinRouter(eta=0.5, prior_len=128.0)
+    router.reset(sim)
+    full = 0.5 * sim.instances[0].free_blocks * 16  # both instances empty: 800 tokens each per round
+    picks = [router.route(r, sim, 0.0) for r in range(4)]
+    # 628 -> 0 (a tie goes to the lower id), 428 -> 1 (800 > 172); 728 fits neither (172, 372): a new round
+    # resets both to 800 and it goes to 0; 528 -> 1 (800 > 72)
+    assert picks == [0, 1, 0, 1]
+    assert router._rem.tolist() == [full - 728, full - 528]

@@ -17,7 +17,8 @@ measurements this reuses): Tempo's ``next_batch`` with 200 queued requests, ~1/8
 refresh point per call, <= 1 ms median (Sarathi on the same state as the reference); the QRF bound for one arrival
 <= 1 ms (paper: 7 ms); the SA search for 10 requests (B_max = 1, the paper's L = 500 x 32 levels) <= 0.5 ms median
 (paper: 0.48 ms). Tempo and SA are timed in CPU time (``time.process_time`` / ``time.thread_time``), the SLOs-Serve
-DP in wall time (``perf_counter``, as its doc reports it).
+DP in both: wall time (``perf_counter``, as its doc reports it) and CPU time, which the verdict uses (other jobs
+on a shared machine inflate wall time).
 """
 
 from __future__ import annotations
@@ -41,13 +42,15 @@ from tempo_overhead import measure, report
 PARTS = ("slos-serve", "tempo", "sa")
 
 
-def _times(fn, repeats: int) -> list[float]:
-    out = []
+def _times(fn, repeats: int) -> tuple[list[float], list[float]]:
+    """Wall and CPU (process) seconds of each of ``repeats`` calls of ``fn``."""
+    wall, cpu = [], []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         fn()
-        out.append(time.perf_counter() - t)
-    return out
+        cpu.append(time.process_time() - c)
+        wall.append(time.perf_counter() - t)
+    return wall, cpu
 
 
 def build(n_new: int, n_running: int, seed: int = 0):
@@ -124,14 +127,14 @@ def slos_serve(n_new: int, n_running: int, repeats: int) -> None:
           f"{n_new} new, tiers TPOT {prob.tpot.tolist()} s, memory units {prob.mem_units}; "
           f"DP admits {int(res.accepted[~prob.forced].sum())}/{n_new} new")
     _times(dp, 20)  # warm-up
-    t = np.array(_times(dp, repeats)) * 1e3
+    t, c = (np.array(x) * 1e3 for x in _times(dp, repeats))
     sar = SarathiScheduler(token_budget=512)
     sar.reset(sim)
-    ref = np.array(_times(lambda: sar.next_batch(inst, now), repeats)) * 1e3
-    print(f"DP invocation: median {np.median(t):.3f} ms, p99 {np.percentile(t, 99):.3f} ms "
-          f"(target <= 1 ms median: {'met' if np.median(t) <= 1.0 else 'NOT met'})")
-    print(f"reference Sarathi next_batch on the same replica: median {statistics.median(ref):.3f} ms; "
-          f"ratio DP / Sarathi {np.median(t) / statistics.median(ref):.1f}x")
+    ref = np.array(_times(lambda: sar.next_batch(inst, now), repeats)[1]) * 1e3
+    print(f"DP invocation: median {np.median(t):.3f} ms wall, p99 {np.percentile(t, 99):.3f} ms; median "
+          f"{np.median(c):.3f} ms CPU (target <= 1 ms median CPU: {'met' if np.median(c) <= 1.0 else 'NOT met'})")
+    print(f"reference Sarathi next_batch on the same replica: median {statistics.median(ref):.3f} ms CPU; "
+          f"ratio DP / Sarathi {np.median(c) / statistics.median(ref):.1f}x (CPU)")
 
 
 if __name__ == "__main__":
