@@ -21,7 +21,9 @@ Steps (one engine process for all of them):
    the per-request error noise alone explains.
 
 Iteration times default to ``--timing norm``: CPU time scaled by a reference kernel timed around each step
-(``EngineConfig``), which removes most of the drift of CPU time with the shared machine's load.
+(``EngineConfig``), which removes most of the drift of CPU time with the shared machine's load; per batch kind,
+the factor's exponent and a price for being descheduled inside the step are fitted on the profile passes
+before the replays (``profiler.norm_exponents``, ``--elasticity``) and used for every later step.
 
 Printed: per-iteration time error (MAPE and bias of the fitted model on every batch the live engine executed,
 also per batch kind; the noise floor on the live replays' repeated batches, back to back and across profile

@@ -255,3 +255,17 @@ def test_ops_reference_calibrates_like_the_gemm_reference() -> None:
     for _ in range(4):
         ref.sample()
     assert ref.typical is not None and ref.typical > 0 and ref.factor() > 0
+
+
+def test_timing_variants_compare_the_same_iterations_under_other_exponents() -> None:
+    from slogym.engines.profiler import norm_exponents
+
+    fid = _fidelity_module()
+    df = _visits({"prefill": 0.4, "decode": 0.4, "mixed": 0.4})
+    df = df[df["kind"] != "mixed"].assign(decode_tokens=df["decode_seqs"])  # each kind linear in its tokens
+    est, _ = norm_exponents(df)
+    out = fid.timing_variants(df, {"p": df.drop(columns="kind")}, "phase-quadratic", 0, est)
+    assert set(out) == {"plain_norm", "speed_only"} and set(out["plain_norm"]) == {"p"}
+    # the fitted exponent removes the factor's swings that the plain norm time (e = 1) over-corrects
+    assert out["speed_only"]["p"]["iteration_mape"] < out["plain_norm"]["p"]["iteration_mape"] / 2
+    assert fid.timing_variants(df.assign(speed=1.0), {"p": df}, None, 0, {}) == {}  # no norm factor: nothing
