@@ -73,9 +73,9 @@ ARCHS: dict[str, dict[str, float]] = {
 """Random-weight Llama configs (``make_tiny_model``; head_dim 32) with the arrival rate and SLOs that load each
 about alike: the engine is busy ~2/3 of the replay (sum of live iteration times / makespan: 0.67 for ``tiny`` at 8
 req/s; ``small``'s replay takes 2.6x ``tiny``'s engine time, so 3 req/s and SLOs x2.5). ``small`` (the default until
-2026-11-22) does ~8x ``tiny``'s arithmetic per step, so per-step overheads that batch features cannot see (vLLM's persistent-batch
-bookkeeping when requests leave and rejoin, the CPU's cache state after the previous step) and the machine's
-noise weigh less (docs/live_engine.md, "Model size"); the CI tests use ``tiny`` (faster). ``medium`` (hidden 512,
+2026-11-22) does ~8x ``tiny``'s arithmetic per step, so per-step overheads that batch features cannot see
+(vLLM's persistent-batch bookkeeping when requests leave and rejoin, the CPU's cache state after the previous
+step) and the machine's noise weigh less (docs/live_engine.md, "Model size"); the CI tests use ``tiny`` (faster). ``medium`` (hidden 512,
 ~4x ``small``'s arithmetic per token, 43 MB of weights; the default) at 1.9 req/s is as busy as ``small`` at 3
 (0.64 against 0.65-0.67); its same-batch noise was about half of ``small``'s on the same day (4.0-4.9 % against
 8.6-9.9 %; docs/live_engine.md, "Model size"), at ~1.4x the run time (14-23 min with the third session's
@@ -320,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--arch", choices=tuple(ARCHS), default="medium",
                     help="random-weight model config (hidden, layers, heads) and its default rate and SLOs: "
-                         + "; ".join(f"{k} {int(v['hidden'])}/{int(v['layers'])}/{int(v['heads'])}, {v['rate']:g} req/s, "
+                         + "; ".join(f"{k} {int(v['hidden'])}/{int(v['layers'])}/{int(v['heads'])}, "
+                                     f"{v['rate']:g} req/s, "
                                      f"TTFT {v['ttft']:g} s, TPOT {v['tpot']:g} s" for k, v in ARCHS.items()))
     ap.add_argument("--model", help="model dir (default .cache/<arch>-llama, built if absent)")
     ap.add_argument("--requests", type=int, default=300)
@@ -480,7 +481,8 @@ def main(argv: list[str] | None = None) -> int:
                          "norm_elasticity": elast, "norm_preempt": preempt, "timing_variants": variants,
                          "phase_wall_s": phases,
                          "arch": args.arch, "model": str(model),
-                         "rate": args.rate, "slo_ttft_s": args.ttft, "slo_tpot_s": args.tpot, "warm_shapes": args.warm_shapes, "workload": src,
+                         "rate": args.rate, "slo_ttft_s": args.ttft, "slo_tpot_s": args.tpot,
+                         "warm_shapes": args.warm_shapes, "workload": src,
                          "requests": len(w), "calibration_requests": args.calibrate if calib else 0,
                          "served_rows": 0 if served is None else len(served),
                          "per_policy": {k: {m: v for m, v in p.items() if not m.startswith("_")}

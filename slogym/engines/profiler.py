@@ -5,7 +5,9 @@ sizes x context lengths), scaled to the engine's limits, plus mixed chunked-pref
 riding along a decode batch, the Sarathi/SLOs-Serve regime). Rows have the :class:`BatchFeatures` columns and
 ``time_s`` (the step's wall, CPU or normalized CPU time, per ``EngineConfig.timing``) -- exactly what
 :func:`slogym.engines.fitting.fit_perf_model` (``slogym profile fit``) reads -- plus ``kind`` (prefill / decode /
-mixed), ``pass``, and the raw ``cpu_s`` / ``speed`` (the ``norm`` factor) of the same steps, for diagnosis. Features are computed by the simulator's own feature function, so a model fitted on these rows sees the same numbers in simulation.
+mixed), ``pass``, and the raw ``cpu_s`` / ``speed`` (the ``norm`` factor) / ``wall_s`` / ``speed_ops`` of the
+visit's median step (diagnosis, and :func:`retime`). Features are computed by the simulator's own feature
+function, so a model fitted on these rows sees the same numbers in simulation.
 
 Deviation from App. A: the paper profiles batch sizes up to 192 and inputs up to 2020 tokens on an NPU; the
 default grid stops at the engine's ``max_num_seqs`` / ``max_num_batched_tokens`` / KV pool (a tiny CPU model
