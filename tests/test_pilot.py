@@ -57,6 +57,22 @@ def test_pilot_equals_stepping_on_presets(engine, scenario, rate, n_inst, policy
     _assert_same(step, _run(w, engine, policy, n_inst, ff=True, pilot=False))
 
 
+@pytest.mark.parametrize("policy", ["sarathi", "vllm"])
+def test_pilot_forms_the_batch_of_a_free_instance(policy):
+    """The batch of an instance that is free (a request placed on an idle instance) comes from the pilot's rule
+    too: on a light load, where instances idle between requests, the scheduler's Python ``next_batch`` is never
+    asked, and the run equals stepping."""
+    w = make_workload("chatbot", rate=SCENARIOS["chatbot"].default_rate * 0.3, n_requests=200, seed=2)
+    pol = make_policy(policy, H100)
+    asked = []
+    next_batch = pol.scheduler.next_batch
+    pol.scheduler.next_batch = lambda inst, t: asked.append(t) or next_batch(inst, t)  # the class keeps its rule
+    piloted = Simulator(w, H100, pol, n_instances=2, seed=3).run()
+    assert asked == []
+    assert sum(x.iterations for x in piloted.instances) == piloted.pilot_iterations
+    _assert_same(_run(w, H100, policy, 2, ff=False, pilot=False), piloted)
+
+
 @pytest.mark.parametrize("policy,n_inst", [("sarathi", 1), ("vllm", 2)])
 def test_pilot_equals_stepping_with_a_queue_longer_than_its_head(policy, n_inst):
     """A burst queues hundreds of requests: the pilot sees 64, hands back when it needs more, and appends the

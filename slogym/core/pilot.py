@@ -7,6 +7,9 @@ launch it. Stepping that in Python costs ~25 us per iteration, most of it interp
 compiled kernels. :func:`run_instance` runs that loop compiled, composed of the same kernels the Python path
 calls (:func:`~slogym.core.kernels.end_iteration`, ``end_prefill``, ``take_in_order``, ``decode_kv_growth``,
 ``batch_features``) in the same order, so the result is bit-identical to stepping (``tests/test_pilot.py``).
+It also forms the batch of an instance that is free (a request placed on an idle instance, the scheduler asked
+again after a hand-back): ``Simulator._schedule`` calls it with an empty batch in flight and the current time as
+the horizon, so it launches exactly the one batch the scheduler would.
 
 The pilot hands control back to the simulator, with the state at a consistent point, whenever the Python
 path would do something it does not model: a preemption or an unstick (KV shortage), a request that is not a

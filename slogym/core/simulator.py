@@ -510,6 +510,11 @@ class Simulator:
     def _schedule(self, inst: Instance, t: float) -> _Gen:
         """Ask the scheduler for ``inst``'s next batch and start it (fast-forwarding steady stretches)."""
         inst.busy = True  # no nested scheduling of this instance while its batch is being formed
+        if self._pilot_on:  # the scheduler's compiled rule, when it has one
+            code = self._pilot(inst, t, start=True)
+            if code == pilot.LAUNCHED or code == pilot.IDLE:
+                return
+            inst.busy = True
         rs = self.rs
         while True:
             self.now = t
@@ -761,13 +766,18 @@ class Simulator:
                 simple, w.arrival, w.group, self._max_ctx, rs.instance, w.stage_ptr, self._is_dec_stage, w.stage_ttft,
                 w.stage_tokens, w.stage_tpot)
 
-    def _pilot(self, inst: Instance, t: float) -> int:
+    def _pilot(self, inst: Instance, t: float, start: bool = False) -> int:
         """End ``inst``'s iteration at ``t`` and run it up to the next event with the compiled pilot when its
         scheduler and perf model have compiled forms. Returns the pilot's code (``pilot.LAUNCHED`` / ``IDLE``:
         nothing left to do; ``TRANSITIONS`` / ``SCHEDULE``: :meth:`_pilot_handback` finishes the iteration end at
         ``self.now``), or ``_NO_PILOT`` (nothing done) when it does not apply. A plain function, not a generator:
-        the common case, a launch, costs no generator frame."""
-        idx, tok, spec = inst.inflight
+        the common case, a launch, costs no generator frame.
+
+        With ``start``, ``inst`` is free at ``t`` with nothing in flight (:meth:`_schedule`): the pilot ends an
+        empty batch (not counted) and, with ``t`` as its horizon, forms and launches one batch as the scheduler
+        would (``LAUNCHED``), finds nothing to run (``IDLE``), or leaves the decision to the scheduler
+        (``SCHEDULE``)."""
+        idx, tok, spec = (_NONE, _NONE, None) if start else inst.inflight
         if (inst.time_coef is None or spec is not None or inst.role != Role.COLOCATED or self._lifecycle
                 or inst.n_waiting_kv):
             return _NO_PILOT
@@ -779,8 +789,8 @@ class Simulator:
         head = np.array(waiting[:_PILOT_HEAD], np.int64) if waiting else _NONE
         router = self.policy.router
         # arrivals are placed by the pilot too when the router would send every one here
-        absorb = not (self.agent_route or self.global_queue) and router.pilot_target(self) == inst.id
-        horizon = self._ff_horizon(arrivals=not absorb)
+        absorb = not (start or self.agent_route or self.global_queue) and router.pilot_target(self) == inst.id
+        horizon = t if start else self._ff_horizon(arrivals=not absorb)
         sync_t, sync_id = self._iter[0][:2] if self._iter else (INF, 0)  # the next iteration end elsewhere
         (code, t, t_end, m, n_run, n_wait, n_done, inst.free_blocks, iters, tokens, busy, last_dt, n_ev, na, n_app,
          run_changed, same, floor) = pilot.run_instance(
@@ -793,6 +803,7 @@ class Simulator:
             self.pilot_arrivals += na - self._na
             self._na = na
         inst.inflight = None
+        iters -= start  # the empty batch it ended first
         inst.iterations += iters
         self.pilot_iterations += iters
         inst.tokens += tokens
