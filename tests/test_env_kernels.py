@@ -136,7 +136,7 @@ def test_arrival_cluster_features_match_the_numpy_definition(compiled):
 
 @pytest.mark.parametrize("kw", [dict(scenario="mixed", rate_scale=3.0, engine="llama2-70b-a100-tp2"),
                                 dict(scenario="chatbot", rate_scale=1.0)])
-def test_resident_scan_finds_the_instances_queues(kw):
+def test_resident_scan_finds_the_instances_queues(kw, monkeypatch):
     """The arrival observation's scan of the request states finds each instance's waiting and running requests
     (as sets, grouped by instance, counted in ``shape``) exactly as its lists hold them, and the observation is the
     same either way: on a small KV with requests deferred to the global queue and preempted, and on a light load
@@ -146,6 +146,7 @@ def test_resident_scan_finds_the_instances_queues(kw):
     env.action_space.seed(5)
     done = False
     lo_max = deferred = 0
+    scan_max = base.SCAN_MAX
     while not done:
         insts = env.sim.instances
         run, wait, shape = env._resident_inputs(insts)
@@ -161,9 +162,10 @@ def test_resident_scan_finds_the_instances_queues(kw):
         assert (k_run, k_wait) == (run.size, wait.size) == (run_l.size, wait_l.size)
         obs = {k: v.copy() for k, v in env._observe().items()}
         lo = env._lo
-        env._lo = -base.SCAN_MAX  # beyond the scan's reach: the lists are gathered
+        monkeypatch.setattr(base, "SCAN_MAX", -1)  # every stretch beyond the scan's reach: the lists are gathered
         assert all(np.array_equal(obs[k], v) for k, v in env._observe().items())
-        env._lo = lo
+        monkeypatch.setattr(base, "SCAN_MAX", scan_max)
+        assert env._lo == lo  # the scan's start advances either way
         lo_max, deferred = max(lo_max, lo), max(deferred, len(env.sim.global_queue))
         _, _, done, _, _ = env.step(env.action_space.sample())
     if "engine" in kw:

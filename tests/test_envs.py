@@ -283,3 +283,15 @@ def test_routing_masks_decode_instances_on_a_pd_cluster():
         _, _, term, trunc, info = env.step(a)
         done, n = term or trunc, n + 1
     assert n > 0 and info["summary"]["kv_transfers"] > 0
+
+
+def test_a_policy_that_resizes_the_cluster_stops_the_arrival_env_with_a_clear_error():
+    """Routing-v0's spaces are sized for ``n_instances``: a policy whose scaler adds instances (HyperFlexis'
+    threshold scaler) ends the episode with an error that says so, not observations and masks of another shape."""
+    env = gym.make("slogym/Routing-v0", policy="hyperflexis-scaling", n_instances=2, scenario="chatbot",
+                   rate_scale=3.0, episode=300, seed=0).unwrapped
+    env.reset(seed=0)
+    with pytest.raises(RuntimeError, match="resized the cluster to 3 instances.*n_instances=2"):
+        for _ in range(300):
+            assert env.action_masks().size == 3
+            env.step(env.expert_action())

@@ -349,6 +349,9 @@ class ServingEnv(gym.Env):
         sim = self.sim
         w, rs = sim.w, sim.rs
         insts = sim.instances
+        if len(insts) != self.n_instances:
+            raise RuntimeError(f"policy {self.policy_name!r} resized the cluster to {len(insts)} instances; this env's "
+                               f"spaces are for n_instances={self.n_instances} (scaling: slogym/Scaling-v0)")
         run, wait, shape = self._resident_inputs(insts)
         f32 = np.float32
         obs = self.obs_rows
@@ -373,10 +376,9 @@ class ServingEnv(gym.Env):
     def _resident_inputs(self, insts: list[Instance]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`_load_inputs` for every instance of the simulator, found by one compiled scan of the requests that
         have arrived and not all finished before them (:func:`slogym.envs.kernels.resident`; gathering the
-        instances' lists instead costs more than the scan while that stretch holds up to ``SCAN_MAX`` requests)."""
+        instances' lists instead costs more than the scan while that stretch holds up to ``SCAN_MAX`` requests,
+        beyond which it gathers, until the stretch's start finishes)."""
         sim = self.sim
-        if sim._na - self._lo > SCAN_MAX:
-            return self._load_inputs(insts)
         shape = self._shape
         if shape.size != 6 * len(insts):
             shape = self._shape = np.array([(0, 0, 0, i.total_blocks, i.engine.max_num_seqs, i.id) for i in insts],
@@ -386,8 +388,10 @@ class ServingEnv(gym.Env):
                 self._grow_tables()
         shape[2::6] = [i.free_blocks for i in insts]
         rs = sim.rs
-        self._lo, n_wait, n_run = kernels.resident(rs.status, rs.I, self._lo, sim._na, DONE, WAITING, RUNNING, shape,
-                                                   self._wait_buf, self._run_buf, self._pos)
+        self._lo, n_wait, n_run = kernels.resident(rs.status, rs.I, self._lo, sim._na, SCAN_MAX, DONE, WAITING,
+                                                   RUNNING, shape, self._wait_buf, self._run_buf, self._pos)
+        if n_wait < 0:
+            return self._load_inputs(insts)
         return self._run_buf[:n_run], self._wait_buf[:n_wait], shape
 
     def _load_inputs(self, insts: list[Instance]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -181,16 +181,19 @@ def instance_load(I: np.ndarray, run: np.ndarray, wait: np.ndarray, shape: np.nd
 
 
 @njit(**_JIT)
-def resident(status: np.ndarray, I: np.ndarray, lo: int, hi: int, done: int, waiting: int, running: int,
-             shape: np.ndarray, wait: np.ndarray, run: np.ndarray, pos: np.ndarray) -> tuple[int, int, int]:
+def resident(status: np.ndarray, I: np.ndarray, lo: int, hi: int, max_scan: int, done: int, waiting: int,
+             running: int, shape: np.ndarray, wait: np.ndarray, run: np.ndarray, pos: np.ndarray) -> tuple[int, int, int]:
     """What :func:`instance_load` reads, found by scanning the requests ``lo <= r < hi`` (none before ``lo`` is on
     an instance, none from ``hi`` has arrived): each instance's waiting (``status == waiting``) and running
     requests, on instance ``I[r, I_SLOT]`` (its position), grouped by instance into ``wait`` and ``run`` in request
     order (the load features are sums and minima, which the order does not change) and counted into ``shape[6 i]``
     and ``shape[6 i + 1]``; ``pos`` (``2 n`` for ``n`` instances) is scratch. Returns (the first request from ``lo``
-    that is not ``done``, where the next scan may start; waiting total; running total)."""
+    that is not ``done``, where the next scan may start; waiting total; running total), the totals -1 (nothing
+    scanned) when more than ``max_scan`` requests would be."""
     while lo < hi and status[lo] == done:
         lo += 1
+    if hi - lo > max_scan:
+        return lo, -1, -1
     n = shape.size // 6
     pos[:] = 0
     for r in range(lo, hi):
