@@ -16,7 +16,8 @@ import slogym  # noqa: F401  (registers the envs)
 from helpers import FF_FIELDS, assert_runs_equal, workloads
 from slogym.baselines import make_policy
 from slogym.core import simulator as simulator_module
-from slogym.core.policy import DEFER, SingleOrRoundRobin
+from slogym.baselines.routers import outstanding_tokens
+from slogym.core.policy import DEFER, Router, SingleOrRoundRobin
 from slogym.core.request import Request, Workload, decode, external, prefill
 from slogym.core.simulator import Simulator
 from slogym.engines.registry import get_engine
@@ -221,6 +222,34 @@ def test_a_placement_while_the_queue_is_offered_again_stops_at_the_next_finish(s
     step = _run(w, engine, policy, n_inst, ff=False, pilot=False, router=Capped(cap))
     _assert_same(step, _run(w, engine, policy, n_inst, ff=True, pilot=False, router=Capped(cap)))
     _assert_same(step, _run(w, engine, policy, n_inst, ff=True, pilot=True, router=Capped(cap)))
+
+
+class _DeferUntilAFinish(Router):
+    """Requests 0-1 to instance 0; the rest wait in the global queue until a finish offers them: request 2 to the
+    idle instance 1, the next ones to the instance with the fewest outstanding tokens then (a router that reads
+    the instances at the time of the offer)."""
+
+    def route(self, r: int, sim: Simulator, now: float) -> int:
+        if r < 2:
+            return 0
+        if sim._n_done == 0:
+            return DEFER
+        return 1 if r == 2 else int(np.argmin(outstanding_tokens(sim)))
+
+
+@pytest.mark.parametrize("engine", [H100, get_engine("qwen2.5-7b-v100-tp2")], ids=["compiled", "no-compiled-time"])
+def test_no_fast_forward_past_the_time_the_global_queue_is_offered_at(engine):
+    """While a finish offers the global queue, a request placed on an idle instance does not fast-forward it past
+    that time: the rest of the queue is offered at the same time, and a router reading the instances must see
+    them there (fast-forward and pilot equal stepping; the reviewer's reproducer, found on the Python path)."""
+    w = Workload.from_requests([Request(0.0, [prefill(1000), decode(3000)]), Request(1e-4, [prefill(10), decode(3)]),
+                                Request(2e-4, [prefill(3000), decode(5)]), Request(3e-4, [prefill(10), decode(5)])])
+    runs = [_run(w, engine, "sarathi", 2, ff=ff, pilot=pilot, router=_DeferUntilAFinish())
+            for ff, pilot in ((False, False), (True, False), (True, True))]
+    assert runs[0].rs.instance[3] == 1  # instance 1 had only request 2's 3,000-token prompt left to compute
+    assert runs[1].ff_iterations > 0 or runs[2].pilot_iterations > 0
+    for run in runs[1:]:
+        _assert_same(runs[0], run)
 
 
 def test_fast_forward_does_not_run_through_a_finish_that_frees_kv_for_a_prefill():

@@ -367,6 +367,7 @@ class Simulator:
         self._xfer_dst: dict[int, int] = {}  # request -> decode instance, while its KV is in flight
         self._handoff_wait: list[int] = []  # prefilled requests no decode instance could take yet
         self._pilot_fin: list[int] = []  # stage ends a pilot run left to _pilot_handback
+        self._offer_t = INF  # the time the global queue is being offered at (_retry_queue), else inf
         self.kv_transfers = 0
 
     # ================================================================== event loop
@@ -641,6 +642,8 @@ class Simulator:
     def _ff_horizon(self, arrivals: bool = True) -> float:
         """Time of the next event that could reach an instance (``arrivals``: counting the next arrival)."""
         h = self.w.arrival[self._na] if arrivals and self._na < len(self.w) else INF
+        if self._offer_t < h:  # the global queue is being offered (_retry_queue)
+            h = self._offer_t
         if self._glob:
             h = min(h, self._glob[0][0])
         if not self._iter:
@@ -1147,17 +1150,23 @@ class Simulator:
                 heapq.heappush(self._glob, (t, self._seq, _RELEASE, r))
 
     def _retry_queue(self, t: float) -> _Gen:
-        """Offer the deferred requests again, in order. Each leaves the queue only as it is offered: the rest still
-        wait in it, so a fast-forward that a placement starts stops where a finish would offer them."""
+        """Offer the deferred requests again, in order, at ``t``. Each leaves the queue only as it is offered, and no
+        fast-forward a placement starts runs past ``t`` while they are offered (``_ff_horizon``)."""
         queue = self.global_queue
-        for r in queue[:]:
-            queue.pop(0)  # r, at the front
-            self.rs.status[r] = Status.PENDING
-            yield from self._route(r, t)
-            if self.rs.status[r] == Status.QUEUED and not self.agent_route:
-                # still deferred (appended behind the rest): back to the front, the rest not asked this round
-                queue.insert(0, queue.pop())
-                return
+        # the rest are offered at t too, so a placement's fast-forward must not run past t (the instance that
+        # finished is in the middle of its iteration end, not in the heap, and _earliest_finish misses it)
+        offer_t, self._offer_t = self._offer_t, t
+        try:
+            for r in queue[:]:
+                queue.pop(0)  # r, at the front
+                self.rs.status[r] = Status.PENDING
+                yield from self._route(r, t)
+                if self.rs.status[r] == Status.QUEUED and not self.agent_route:
+                    # still deferred (appended behind the rest): back to the front, the rest not asked this round
+                    queue.insert(0, queue.pop())
+                    return
+        finally:
+            self._offer_t = offer_t
 
     # ================================================================== end of run
     def _finalize(self) -> None:
