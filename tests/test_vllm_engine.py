@@ -235,7 +235,7 @@ def test_engine_exception_is_engine_error(model_dir: str) -> None:
         assert eng.closed
 
 
-# ---------------------------------------------------------------------------------------------- profile -> fit -> simulate
+# ------------------------------------------------------------------------------------------ profile -> fit -> simulate
 def test_profile_fit_simulate(engine: VLLMEngine, tmp_path: Any) -> None:
     from slogym.engines.fitting import fit_profile
     from slogym.engines.base import EngineSpec

@@ -182,7 +182,8 @@ def instance_load(I: np.ndarray, run: np.ndarray, wait: np.ndarray, shape: np.nd
 
 @njit(**_JIT)
 def resident(status: np.ndarray, I: np.ndarray, lo: int, hi: int, max_scan: int, done: int, waiting: int,
-             running: int, shape: np.ndarray, wait: np.ndarray, run: np.ndarray, pos: np.ndarray) -> tuple[int, int, int]:
+             running: int, shape: np.ndarray, wait: np.ndarray, run: np.ndarray,
+             pos: np.ndarray) -> tuple[int, int, int]:
     """What :func:`instance_load` reads, found by scanning the requests ``lo <= r < hi`` (none before ``lo`` is on
     an instance, none from ``hi`` has arrived): each instance's waiting (``status == waiting``) and running
     requests, on instance ``I[r, I_SLOT]`` (its position), grouped by instance into ``wait`` and ``run`` in request

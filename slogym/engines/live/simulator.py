@@ -10,9 +10,9 @@ planned request equal the simulator's, so the two ledgers cannot drift silently.
 
 Clocks: ``afap`` (as fast as possible) keeps arrivals virtual and advances the clock by measured iteration
 times only (wall, CPU or normalized CPU time of the engine step, per ``EngineConfig.timing``); ``real`` sleeps
-until each
-iteration's start time has come on the wall clock (arrival offsets from the start of the run), and an iteration's duration is wall time from its scheduled start to the end of the
-engine step, so policy and IPC overhead and any lateness count as they would in a real server.
+until each iteration's start time has come on the wall clock (arrival offsets from the start of the run), and an
+iteration's duration is wall time from its scheduled start to the end of the engine step, so policy and IPC
+overhead and any lateness count as they would in a real server.
 
 What the live backend cannot express (raises :class:`UnsupportedOnLiveEngine` naming the value): speculative
 decoding (``Batch.spec``), tool calls and later prefill stages (``external`` stages: vLLM cannot append prompt
