@@ -77,9 +77,9 @@ req/s; ``small``'s replay takes 2.6x ``tiny``'s engine time, so 3 req/s and SLOs
 (vLLM's persistent-batch bookkeeping when requests leave and rejoin, the CPU's cache state after the previous
 step) and the machine's noise weigh less (docs/live_engine.md, "Model size"); the CI tests use ``tiny`` (faster).
 ``medium`` (hidden 512, ~4x ``small``'s arithmetic per token, 43 MB of weights; the default) at 1.9 req/s is as
-busy as ``small`` at 3 (0.64 against 0.65-0.67); its same-batch noise was about half of ``small``'s on the same day (4.0-4.9 % against
-8.6-9.9 %; docs/live_engine.md, "Model size"), at ~1.4x the run time (14-23 min with the third session's
-grid, depending on the load)."""
+busy as ``small`` at 3 (0.64 against 0.65-0.67); its same-batch noise was about half of ``small``'s on the same
+day (4.0-4.9 % against 8.6-9.9 %; docs/live_engine.md, "Model size"), at ~1.4x the run time (14-23 min with the
+third session's grid, depending on the load)."""
 
 
 def trace_workload(n: int, rate: float, token_scale: float, max_prompt: int, max_out: int, ttft: float,
