@@ -509,7 +509,8 @@ class Simulator:
 
     # ================================================================== scheduling an iteration
     def _schedule(self, inst: Instance, t: float) -> _Gen:
-        """Ask the scheduler for ``inst``'s next batch and start it (fast-forwarding steady stretches)."""
+        """Ask the scheduler for ``inst``'s next batch and start it: through the compiled pilot when the scheduler
+        has a rule for it (:meth:`_pilot` with ``start``), else in Python, fast-forwarding steady stretches."""
         inst.busy = True  # no nested scheduling of this instance while its batch is being formed
         if self._pilot_on:  # the scheduler's compiled rule, when it has one
             code = self._pilot(inst, t, start=True)
