@@ -267,6 +267,38 @@ def test_scaler_returns_idle_instances_to_the_pool() -> None:
     assert 0 < fleet.instance_seconds(sim.end_time) < 6 * sim.end_time
 
 
+def test_tier_pool_deltas_scale_up_pending_tiers_and_return_empty_instances() -> None:
+    """``PolyServeScaler.deltas`` (Scaling-v0, one pool per tier): +1 for a tier whose waiting requests can no
+    longer meet their TTFT where they wait (they pend, §4.3), -1 for a tier with an empty instance (§4.3's check
+    of the last instance), nothing while a scale-up is starting or for a request already lost."""
+    tpots = [0.02, 0.03, 0.05, 0.1]
+    tier = np.repeat(np.arange(4), 10)
+    w = Workload.two_stage(np.zeros(40), np.full(40, 4000), np.full(40, 100), np.full(40, 0.5),
+                           np.array(tpots)[tier], tier=tier, tier_names=["a", "b", "c", "d", "e"])
+    sim = Simulator(w, ENGINE, make_policy("polyserve-co", ENGINE), n_instances=5)
+    sim.policy.reset(sim)
+    for i in range(5):
+        sim.set_pool(i, i)
+    scaler = sim.policy.scaler
+    sim.rs.num_tokens[:] = sim.rs.stage_len  # arrived (what the simulator sets at an arrival)
+    now = 0.0
+    # tier 1: ten 4000-token prompts queue on one instance: the last ones cannot start before their TTFT
+    sim.instances[1].waiting.extend(range(10, 20))
+    # tier 2: one prompt alone: it starts at once
+    sim.instances[2].waiting.append(20)
+    # tier 3: one prompt whose TTFT passed long ago: lost, not pending
+    sim.instances[3].waiting.append(30)
+    late = now + 5.0
+    assert scaler.pending(sim.instances[1], now)
+    assert not scaler.pending(sim.instances[2], now)
+    assert not scaler.pending(sim.instances[3], late)
+    d = scaler.deltas(sim, now).tolist()
+    assert d == [-1, 1, 0, 0, -1]  # tiers 0 and 4 (best effort, no requests) are empty
+    assert scaler.deltas(sim, late).tolist()[3] == 0
+    sim.add_instance(cold_start=10.0, pool=1)  # tier 1's scale-up is starting: it waits for it
+    assert scaler.deltas(sim, now).tolist()[1] == 0
+
+
 def test_polyserve_beats_random_on_a_small_loaded_cluster() -> None:
     w = _tiers(800, rate=75.0, seed=7)
     att = {name: Simulator(w, ENGINE, make_policy(name, ENGINE), n_instances=4).run().result().summary["attainment"]

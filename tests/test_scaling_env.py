@@ -10,6 +10,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import slogym  # noqa: F401
+from helpers import WALL_FIELDS, assert_runs_equal
 from slogym.agents import env_policy
 from slogym.core.instance import InstanceState
 from slogym.core.simulator import Simulator
@@ -17,6 +18,9 @@ from slogym.core.simulator import Simulator
 SMALL = dict(scenario="coder", rate_scale=4.0, episode=60.0, seed=0, pool_requests=3000, control_interval=5.0)
 TIERS = dict(scenario="polyserve-tiers", rate_scale=1.0, episode=30.0, seed=0, pool_requests=3000,
              control_interval=2.0, pools="tiers", n_instances=1, max_instances=3)
+# PolyServe's tier autoscaling: its scheduler on every instance, its scaler's deltas as the expert; a load that
+# makes tiers pend at the start and empties instances at the end
+POLY = dict(TIERS, policy="polyserve-co", rate_scale=10.0, cold_start=1.0)
 
 
 def play(env: gym.Env, pick) -> tuple[float, dict]:
@@ -27,7 +31,7 @@ def play(env: gym.Env, pick) -> tuple[float, dict]:
     return total, info
 
 
-@pytest.mark.parametrize("kw", [SMALL, TIERS])
+@pytest.mark.parametrize("kw", [SMALL, TIERS, POLY])
 def test_gymnasium_and_sb3_checkers(kw):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -120,6 +124,30 @@ def test_static_expert_never_changes_the_cluster_and_threshold_scales():
     assert len({int(a[0]) for a in actions}) > 1  # it moves both ways on bursty arrivals
     with pytest.raises(ValueError, match="unknown expert"):
         env.expert_action("oracle")
+
+
+def test_polyserve_tier_autoscaling_replayed_as_the_expert_equals_the_native_run():
+    """PolyServe's scaler (§4.3: +1 for a tier whose requests pend, -1 for a tier with an empty instance)
+    replayed through the env's actions gives the very run of the baseline served natively with the same pools
+    (``baseline_policy("policy")``: the env's router, PolyServe's scheduler, the scaler's clipped deltas)."""
+    env = gym.make("slogym/Scaling-v0", **POLY).unwrapped
+    env.reset(seed=1)
+    actions = []
+    _, info = play(env, lambda e: actions.append(e.expert_action("policy")) or actions[-1])
+    d = np.array(actions) - env.max_delta
+    assert (d > 0).any() and (d < 0).any(), "the episode should make tiers scale up and return instances"
+    assert len(env.sim.instances) > env.layout.n_pools  # scaled up: PolyServe's scheduler served added instances
+    native = Simulator(env.sim.w, env.engine, env.baseline_policy("policy"), env.n_instances, seed=env.sim.seed,
+                       attainment=env.attainment).run()
+    assert_runs_equal(native.result(), env.sim.result(), WALL_FIELDS | {"policy"})  # the name differs
+    timeline = [[(i.pool, i.started_at, i.ready_at, i.stopped_at) for i in s.instances] for s in (native, env.sim)]
+    assert timeline[0] == timeline[1]
+    assert sum(info["summary"]["outcomes"].values()) == len(env.sim.w)
+    # one delta per tier pool: the single-pool layout cannot carry it
+    single = gym.make("slogym/Scaling-v0", **(POLY | {"pools": "single"})).unwrapped
+    single.reset(seed=1)
+    with pytest.raises(ValueError, match="pools='single' has 1 pools"):
+        single.expert_action("policy")
 
 
 def test_agent_policy_in_a_plain_simulator_earns_the_env_return():

@@ -79,7 +79,10 @@ re-labelling idle instances -- no cold start is needed or modelled, and no best-
 joins a tier only when it is empty or holds only looser/best-effort requests). :class:`PolyServeScaler` checks the
 *last* instance of every tier each ``interval``: empty -> back to the pool; holding no request of its own tier
 (only promoted ones) -> the pending list; a pending instance that empties -> the pool. Cost (§3.3, §5.4) is
-the instance-seconds spent outside the pool (:meth:`Fleet.instance_seconds`).
+the instance-seconds spent outside the pool (:meth:`Fleet.instance_seconds`). In ``slogym/Scaling-v0`` (one pool
+of started / drained instances per tier, the env's router) the same rule is :meth:`PolyServeScaler.deltas`: +1
+for a tier whose requests pend, -1 for a tier with an empty instance; the fleet's rows then grow with the added
+instances (:meth:`Fleet.grow`).
 
 **Baselines (§5.1).** CO-Random: uniformly random instance. CO-Minimal: the instance with the lowest predicted
 cycle (iteration) time. Both admit everything and form batches with the same profile budget at the tightest
@@ -124,7 +127,7 @@ from slogym.baselines.common import (batch_of, fill_prefill_chunks, make_room_fo
                                      unstick)
 from slogym.baselines.polyserve_kernels import dynamic_chunk
 from slogym.core.batch import Batch, BatchFeatures
-from slogym.core.instance import Instance, Role
+from slogym.core.instance import Instance, InstanceState, Role
 from slogym.core.policy import BEST_EFFORT, DEFER, Policy, Router, Scaler, Scheduler
 from slogym.core.state import Status
 from slogym.engines.perf_models import TablePerf
@@ -364,9 +367,8 @@ class Fleet:
         # the prefill profile (chunk tokens x past KV; :func:`prefill_profile_table`) of the entry instances
         self.ptable = table_for(sim.instances[int(self.prefill[0]) if self.prefill.size else 0].engine,
                                 prefill=True)
-        # the batch limit the scheduler applies: the policy's max_num_seqs within each engine's
-        self.max_seqs = np.array([min(int(getattr(i.engine, "max_num_seqs", 1 << 30)), max_num_seqs)
-                                  for i in sim.instances])
+        self.max_num_seqs = max_num_seqs
+        self.max_seqs = np.array([self._seqs(i) for i in sim.instances])
         self.cap = np.array([i.total_blocks * i.block_size for i in sim.instances], np.int64)
         # the longest decode step the profile allows on a decode instance (largest batch at full KV memory)
         self.step_max = max((table.time_one(min(int(self.max_seqs[j]), int(self.cap[j])), int(self.cap[j]))
@@ -395,11 +397,50 @@ class Fleet:
         self._settled = False
 
     # ---------------------------------------------------------------- refresh
+    def grow(self) -> None:
+        """Rows for instances added to the cluster since the fleet was built (``sim.add_instance``: Scaling-v0
+        starts and stops instances under PolyServe's scheduler). A new instance starts in the pool, empty, as a
+        co-located one; PolyServe itself never adds instances (its fleet is fixed, the module docstring)."""
+        insts = self.sim.instances
+        n, old = len(insts), self.label.size
+        if n <= old:
+            return
+        new = insts[old:]
+        if any(i.role != Role.COLOCATED for i in new):
+            raise ValueError(f"instances {[i.id for i in new]} added with roles {[i.role.name for i in new]}: "
+                             f"PolyServe's fleet grows only by co-located instances")
+        k = n - old
+
+        def pad(a: np.ndarray, fill: Any) -> np.ndarray:
+            return np.concatenate((a, np.full((k, *a.shape[1:]), fill, a.dtype)))
+
+        for e in (i.engine for i in new):
+            if all(e is not x for x in self.engines):
+                self.engines.append(e)
+                self.no_xfer = np.zeros(len(self.engines))
+        self.label = pad(self.label, self.POOL)
+        self.max_seqs = np.concatenate((self.max_seqs, [self._seqs(i) for i in new])).astype(self.max_seqs.dtype)
+        self.cap = np.concatenate((self.cap, [i.total_blocks * i.block_size for i in new])).astype(np.int64)
+        self.engine_of = np.concatenate((self.engine_of, [[id(e) for e in self.engines].index(id(i.engine))
+                                                          for i in new])).astype(self.engine_of.dtype)
+        for name in ("n_res", "kv_now", "q_pre", "q_slo", "busy_until", "used_seconds", "rem", "csum", "pb", "sa"):
+            setattr(self, name, pad(getattr(self, name), 0))
+        self.checked = pad(self.checked, False)
+        self.res_tight = pad(self.res_tight, self.n_tiers + 1)
+        self.use_since = pad(self.use_since, np.nan)
+        self.incoming += [[] for _ in new]
+
+    def _seqs(self, inst: Instance) -> int:
+        """The batch limit the scheduler applies on ``inst``: the policy's max_num_seqs within the engine's."""
+        return min(int(getattr(inst.engine, "max_num_seqs", 1 << 30)), self.max_num_seqs)
+
     def read(self, inst: Instance) -> float:
         """Refresh instance ``inst``'s row from its residents (one compiled pass,
         :func:`polyserve_kernels.observe_row`: each resident's predicted remaining output is the average decode
         length minus its tokens generated so far, at least 1, §4.5; ``q_pre`` still counts the chunks of the batch
         being formed). Returns the tightest TPOT among its residents with an SLO (``inf`` if none)."""
+        if inst.id >= self.label.size:
+            self.grow()
         rs = self.sim.rs
         res = np.array(inst.running + inst.waiting, np.int64) if inst.waiting else inst.running_array()
         if self.incoming[inst.id] and self.in_transfer(inst.id):
@@ -477,6 +518,7 @@ class Fleet:
     def resync(self, now: float) -> bool:
         """Re-read every instance whose resident count changed since its row was written (finishes are seen
         only at the next batch formation; a pending request retried at a finish must see it). True if any."""
+        self.grow()
         actual = np.array([len(i.running) + len(i.waiting) + (self.in_transfer(i.id) if self.incoming[i.id] else 0)
                            for i in self.sim.instances], np.int64)
         diff = np.flatnonzero(actual != self.n_res)
@@ -1155,12 +1197,18 @@ class PolyServeRouter(_FleetRouter):
 # ============================================================================ auto-scaling (§4.3-4.4)
 class PolyServeScaler(Scaler):
     """Every ``interval`` s: the last instance of each tier goes back to the pool when empty, to the pending list
-    when it holds no request of its own tier (§4.4); pending instances that emptied go to the pool."""
+    when it holds no request of its own tier (§4.4); pending instances that emptied go to the pool.
 
-    def __init__(self, core: PolyCore, interval: float = 0.1) -> None:
+    :meth:`deltas` is the same rule as instance deltas per tier pool, for ``slogym/Scaling-v0`` with
+    ``pools="tiers"`` (``expert_action("policy")``), where instances are started and drained instead of
+    relabelled within a fixed fleet."""
+
+    def __init__(self, core: PolyCore, interval: float = 0.1, min_chunk: int = 32) -> None:
         if not interval > 0:
             raise ValueError(f"interval={interval!r}; must be > 0 seconds")
-        self.core, self.interval = core, interval
+        if min_chunk < 1:
+            raise ValueError(f"min_chunk={min_chunk!r}; must be >= 1")
+        self.core, self.interval, self.min_chunk = core, interval, min_chunk
 
     def reset(self, sim: "Simulator") -> None:
         self.core.ensure(sim)
@@ -1181,6 +1229,77 @@ class PolyServeScaler(Scaler):
             if not sim.instances[j].n_resident:
                 fleet.relabel(j, fleet.POOL, now)
 
+    # ---------------------------------------------------------------- Scaling-v0 (tier pools)
+    def deltas(self, sim: "Simulator", now: float) -> np.ndarray:
+        """§4.3-4.4 as one instance delta per pool of ``slogym/Scaling-v0``'s ``pools="tiers"`` layout (pool ``p``
+        = the instances labelled ``p`` = the workload's tier ``p``; the env's router keeps every request in its
+        tier's pool).
+
+        * +1 when requests of the tier *pend* (:meth:`pending`; §4.3: "when requests start pending for one SLO
+          tier and the idle pool is not empty, PolyServe will assign the serving instance to the SLO"; the env's
+          ``max_instances`` bound stands for the idle pool running dry);
+        * -1 when the pool's least-loaded active instance holds no request (§4.3: "periodically check the
+          requests in the last serving instance. If no requests are running on the server, the server will be
+          returned to the best-effort pool"; the env drains exactly that instance, which stops at once);
+        * 0 otherwise, and while an instance of the pool is still starting (a scale-up under way).
+
+        §4.4's pending list (a last instance holding only looser, promoted requests) has no counterpart: the env
+        never promotes, so every resident of a tier pool is of its tier and "no request of the current tier"
+        means empty. Deviations: the env's cold start delays a scale-up that the paper makes instant ("scaling
+        happens instantly"), so one scale-up at a time per tier (a tier that still pends once it is ready asks
+        again); the idle pool is per tier (``max_instances``), not shared; the env routes by least outstanding
+        tokens, not PolyServe's load gradient (§4.3), so a tier's instances empty, and scale down, only when
+        its load leaves one idle between arrivals."""
+        w = sim.w
+        members: list[list[Instance]] = [[] for _ in w.tier_names]
+        for inst in sim.instances:
+            if inst.state != InstanceState.STOPPED and 0 <= inst.pool < len(members):
+                members[inst.pool].append(inst)
+        out = np.zeros(len(members), np.int64)
+        for p, insts in enumerate(members):
+            if any(i.state == InstanceState.STARTING for i in insts):
+                continue
+            active = [i for i in insts if i.state == InstanceState.ACTIVE]
+            if any(self.pending(i, now) for i in active):
+                out[p] = 1
+            elif any(not (i.n_resident or i.n_incoming or i.n_parked) for i in active):
+                out[p] = -1
+        return out
+
+    def pending(self, inst: Instance, now: float) -> bool:
+        """Some request waiting on ``inst`` for its first chunk *pends* in PolyServe's sense: where it waits, its
+        TTFT is no longer attainable, so PolyServe's router would not have admitted it there (§4.1: "the
+        highest-load but still SLO-attainable server"; the env's router places every request at once, so the
+        queue that PolyServe keeps in its router sits on the instances). Prediction: §4.7's continuous
+        chunked-prefill prediction on the instance as it is -- the chunk that fits beside its decodes at its KV
+        size within its operating TPOT (the tightest resident's; §4.5's profile budget, as
+        :class:`PolyScheduler` forms batches, at least ``min_chunk``), every iteration of that chunk's profiled
+        time; the request's first token comes after the prompt tokens queued ahead of it in TTFT-deadline order
+        and its own, and must be before its TTFT deadline. A request whose TTFT not even an idle server meets any
+        more is lost, not pending (PolyServe's router demotes it to best effort, :meth:`PolyServeRouter._pend`);
+        best-effort requests never pend. Deviation: no wait for the iteration in flight (§4.6) is added."""
+        sim = inst.sim
+        rs, w = sim.rs, sim.w
+        slo = [r for r in inst.waiting if not rs.be[r]]
+        if not slo:
+            return False
+        dec, pre = split_running(inst)
+        queue = np.concatenate((pre, np.array(inst.waiting, np.int64)))
+        order = pk.deadline_order(queue, rs.ready, rs.stage, w.stage_ttft, rs.be, w.arrival) if queue.size > 1 \
+            else queue
+        res = np.concatenate((inst.running_array(), queue[pre.size:]))
+        tpot = float(np.min(w.min_tpot[res]))
+        kv = (inst.total_blocks - inst.free_blocks) * inst.block_size
+        table = table_for(inst.engine)
+        chunk = max(table.token_budget_one(kv, tpot) - dec.size, self.min_chunk)
+        step = table.time_one(dec.size + chunk, kv + chunk)
+        left = (rs.num_tokens[order] - rs.num_computed[order]).astype(np.int64)
+        first = now + np.ceil(np.cumsum(left) / chunk) * step
+        deadline = rs.ready[order] + w.stage_ttft[rs.stage[order]]
+        alone = now + table.time(left, rs.num_tokens[order])  # the prompt alone on an idle server
+        waiting = np.isin(order, np.array(slo, np.int64))
+        return bool((waiting & (first > deadline) & (alone <= deadline)).any())
+
 
 # ============================================================================ registry
 def _max_seqs(engine: Any, params: dict[str, Any]) -> int:
@@ -1197,8 +1316,9 @@ def _make(name: str, router: Callable[[PolyCore], Router], static: bool = False,
         core = PolyCore(p.pop("tiers", None), p.pop("avg_decode_len", None), int(p.pop("prefill_budget", 1024)),
                         seqs, str(p.pop("remaining", "residual")))
         budget = int(p.pop("token_budget", 512)) if static else None
-        sched = PolyScheduler(core, budget, int(p.pop("min_chunk", 32)), seqs, polyserve=polyserve)
-        sc = PolyServeScaler(core, float(p.pop("interval", 0.1))) if polyserve else None
+        min_chunk = int(p.pop("min_chunk", 32))
+        sched = PolyScheduler(core, budget, min_chunk, seqs, polyserve=polyserve)
+        sc = PolyServeScaler(core, float(p.pop("interval", 0.1)), min_chunk) if polyserve else None
         if p:
             raise ValueError(f"{name}: unknown parameters {sorted(p)}")
         info = {"scheduler": "PolyScheduler", "router": router.__name__, "token_budget": budget,

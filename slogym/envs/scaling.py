@@ -36,8 +36,10 @@ moment it is asked for and its goodput only when the requests it serves finish, 
 
 Baselines expressible (``expert_action(name)``): ``static`` (all zeros: the cluster ``n_instances`` per pool
 never changes), ``threshold`` (:class:`ThresholdScaler`, a reference threshold scaler after HyperFlexis §6),
-or the ``policy``'s own scaler when it exposes ``deltas(sim, now)`` (PolyServe's tier autoscaling with
-``pools="tiers"``, HyperFlexis' scaler, once those baselines land).
+or ``policy``: the ``policy``'s own scaler when it exposes ``deltas(sim, now)`` -- PolyServe's tier autoscaling
+(``policy="polyserve-co"``, ``pools="tiers"``: :meth:`slogym.baselines.polyserve.PolyServeScaler.deltas`),
+HyperFlexis' threshold scaler (``policy="hyperflexis-scaling"``, ``pools="single"``). Served natively,
+``baseline_policy("policy")`` (:class:`DeltasScaler`) gives the same run as replaying that expert.
 
 Deviation: the episode's requests are routed by :class:`PoolRouter` (least outstanding tokens among the
 accepting instances of the request's pool), not by the ``policy``'s router: baseline routers are not
@@ -155,6 +157,22 @@ class PoolLayout:
     def members(self, sim: Simulator, pool: int) -> list[Instance]:
         return [i for i in sim.instances if i.pool == pool and i.state != InstanceState.STOPPED]
 
+    def sizes(self, sim: Simulator) -> np.ndarray:
+        """Active + starting instances of every pool (what the bounds apply to)."""
+        live = (InstanceState.ACTIVE, InstanceState.STARTING)
+        return np.array([sum(i.state in live for i in self.members(sim, p)) for p in range(self.n_pools)], np.int64)
+
+    def clip(self, sim: Simulator, deltas: Any, max_delta: int) -> np.ndarray:
+        """A scaler's per-pool ``deltas`` as the env carries them out: clipped to the pool bounds and to
+        ``-max_delta..max_delta`` (the same effect as :meth:`apply` of the raw deltas, within the action space).
+        The shape must be one delta per pool."""
+        d = np.asarray(deltas, np.int64)
+        if d.shape != (self.n_pools,):
+            raise ValueError(f"scaler deltas {d.tolist()} (shape {d.shape}); pools={self.pooling!r} has "
+                             f"{self.n_pools} pools")
+        n = self.sizes(sim)
+        return np.clip(np.clip(d, self.min - n, self.max - n), -max_delta, max_delta)
+
     def apply(self, sim: Simulator, deltas: np.ndarray) -> None:
         """Change each pool's size by its delta (clipped to the bounds): cancel starting instances (newest
         first), then drain the active ones with the least outstanding tokens; or start new ones."""
@@ -268,6 +286,22 @@ class StaticScaler(Scaler):
 
     def decide(self, sim: Simulator, now: float) -> None:
         """Nothing to change."""
+
+
+class DeltasScaler(Scaler):
+    """A baseline scaler that exposes ``deltas(sim, now)`` (PolyServe's tier autoscaling, HyperFlexis') served
+    the way Scaling-v0 replays it as an expert: every ``interval`` s its deltas, clipped as
+    :meth:`ScalingEnv.expert_action` clips them (:meth:`PoolLayout.clip`), applied to the pools."""
+
+    def __init__(self, layout: PoolLayout, inner: Scaler, interval: float, max_delta: int) -> None:
+        self.layout, self.inner, self.interval, self.max_delta = layout, inner, float(interval), int(max_delta)
+
+    def reset(self, sim: Simulator) -> None:
+        self.inner.reset(sim)  # before the pools exist, as the env's _configure resets its expert
+        self.layout.setup(sim)
+
+    def decide(self, sim: Simulator, now: float) -> None:
+        self.layout.apply(sim, self.layout.clip(sim, self.inner.deltas(sim, now), self.max_delta))
 
 
 class _AgentScaler(Scaler):
@@ -399,13 +433,7 @@ class ScalingEnv(ServingEnv):
         """Per pool (concatenated), which deltas change the pool's size after clipping to the bounds (delta 0
         always allowed); MaskablePPO's MultiDiscrete layout."""
         lay, d = self.layout, np.arange(-self.max_delta, self.max_delta + 1)
-        return np.concatenate([(d == 0) | ((n + d >= lay.min) & (n + d <= lay.max)) for n in self._pool_sizes()])
-
-    def _pool_sizes(self) -> np.ndarray:
-        """Active + starting instances of every pool (what the bounds apply to)."""
-        live = (InstanceState.ACTIVE, InstanceState.STARTING)
-        return np.array([sum(i.state in live for i in self.layout.members(self.sim, p))
-                         for p in range(self.layout.n_pools)], np.int64)
+        return np.concatenate([(d == 0) | ((n + d >= lay.min) & (n + d <= lay.max)) for n in lay.sizes(self.sim)])
 
     def expert_action(self, name: str | None = None) -> np.ndarray:
         """The action scaler ``name`` would take now: ``static``, ``threshold``, or ``policy`` (the ``policy``
@@ -414,9 +442,7 @@ class ScalingEnv(ServingEnv):
         name = name or ("policy" if "policy" in self._experts else "static")
         if name not in self._experts:
             raise ValueError(f"unknown expert {name!r}; known: {', '.join(self._experts)}")
-        d = np.asarray(self._experts[name].deltas(self.sim, self._msg[2]), np.int64)
-        n = self._pool_sizes()
-        d = np.clip(np.clip(d, self.layout.min - n, self.layout.max - n), -self.max_delta, self.max_delta)
+        d = self.layout.clip(self.sim, self._experts[name].deltas(self.sim, self._msg[2]), self.max_delta)
         return d + self.max_delta  # the same effect as the scaler's deltas, never masked
 
     # ------------------------------------------------------------------ serving and baselines as Policies
@@ -429,15 +455,23 @@ class ScalingEnv(ServingEnv):
                                                            "base_policy": self.policy_name})
 
     def baseline_policy(self, name: str, n_instances: int | None = None) -> Policy:
-        """``static`` or ``threshold`` as a Policy (this env's router, the ``policy``'s scheduler), starting
-        from ``n_instances`` per pool (default: the env's); run it with ``Simulator(..., n_instances)``."""
-        scalers = {"static": StaticScaler, "threshold": ThresholdScaler}
+        """``static``, ``threshold`` or ``policy`` (the ``policy`` baseline's own scaler, when it exposes
+        ``deltas``: :class:`DeltasScaler`, the run that replaying ``expert_action("policy")`` gives) as a Policy
+        (this env's router, the ``policy``'s scheduler), starting from ``n_instances`` per pool (default: the
+        env's); run it with ``Simulator(..., n_instances)``."""
+        scalers = {"static": StaticScaler, "threshold": ThresholdScaler, "policy": None}
         if name not in scalers:
             raise ValueError(f"unknown scaling baseline {name!r}; known: {', '.join(scalers)}")
         lay = self.layout
         n = lay.n_per_pool if n_instances is None else int(n_instances)
         layout = PoolLayout(lay.pooling, lay.n_tiers, n, min(lay.min, n), max(lay.max, n), lay.cold_start)
         base = make_policy(self.policy_name, self.engine)
+        if name == "policy":
+            if base.scaler is None or not hasattr(base.scaler, "deltas"):
+                raise ValueError(f"policy {self.policy_name!r} has no scaler with deltas(sim, now)")
+            scaler: Scaler = DeltasScaler(layout, base.scaler, self.control_interval, self.max_delta)
+            return Policy(name=f"{self.policy_name}-scaler", scheduler=base.scheduler, router=PoolRouter(layout),
+                          scaler=scaler)
         return Policy(name=f"{name}-{n}" if name == "static" else name, scheduler=base.scheduler,
                       router=PoolRouter(layout), scaler=scalers[name](layout, self.control_interval))
 
@@ -468,7 +502,8 @@ class ScalingEnv(ServingEnv):
 
     def comparison_table(self, agent: str | None, wins: list[tuple[Any, int]]) -> str:
         """Markdown table, mean (std) over ``wins``: the shipped agent ``agent`` (if given), uniformly random
-        deltas, the threshold scaler and static provisioning with every pool size ``1..max_instances``."""
+        deltas, the threshold scaler, the ``policy``'s own scaler (when it has ``deltas``; needs a reset first)
+        and static provisioning with every pool size ``1..max_instances``."""
         from slogym.agents import env_policy, load
 
         rng = np.random.default_rng(0)
@@ -479,6 +514,8 @@ class ScalingEnv(ServingEnv):
         rows.append(("random deltas", lambda: env_policy("random", self, lambda o: rng.integers(0, nvec)),
                      self.n_instances))
         rows.append(("threshold (HyperFlexis-style)", lambda: self.baseline_policy("threshold"), self.n_instances))
+        if "policy" in self._experts:
+            rows.append((f"{self.policy_name}'s scaler", lambda: self.baseline_policy("policy"), self.n_instances))
         rows += [(f"static-{n}", lambda n=n: self.baseline_policy("static", n), n)
                  for n in range(1, self.layout.max + 1)]
         keys = ("reward", "gain", "instance_seconds", "attainment", "goodput")
