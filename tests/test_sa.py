@@ -254,6 +254,31 @@ def test_history_leaves_the_cold_path_unchanged():
     assert not cold.result().records.equals(warm.result().records)
 
 
+def test_length_error_varies_true_lengths_within_its_bound():
+    # §5.3 (Fig. 9): "actual output lengths with variations of 2.5%, 5%, and 10%" in place of the Gaussian
+    w = _sa_mix(40, 2)
+    truth = w.output_tokens
+
+    def predicted(**kw):
+        pol = POLICIES["sa"](ENGINE, max_batch_size=2, seed=3, predictor="oracle", **kw)
+        sim = Simulator(w, ENGINE, pol, attainment="mean_tpot").run()
+        return sim.policy.scheduler._pred, sim.result().records
+
+    exact, exact_rec = predicted()
+    assert (exact == truth).all()
+    for err in (0.025, 0.1):
+        varied, rec = predicted(length_error=err)
+        assert (np.abs(varied - truth) <= err * truth + 0.5).all()       # within the bound, up to rounding
+        assert (varied != truth).mean() > 0.5                             # and actually varied
+        assert (predicted(length_error=err)[0] == varied).all()           # seeded
+    assert (predicted(length_error=0.0)[1]).equals(exact_rec)             # 0 = exact lengths, same run
+    for bad in (-0.1, 1.0, float("nan")):
+        with pytest.raises(ValueError, match="length_error"):
+            POLICIES["sa"](ENGINE, predictor="oracle", length_error=bad)
+    with pytest.raises(ValueError, match="length_error"):
+        POLICIES["sa"](ENGINE, length_error=0.05)                         # the Gaussian has no true length to vary
+
+
 def _sa_mix(n: int, seed: int) -> Workload:
     w = make_workload("sa-mix", n_requests=n, seed=seed, engine=ENGINE)
     return w.with_arrivals(np.zeros(len(w)))

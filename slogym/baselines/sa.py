@@ -24,7 +24,10 @@ others. All ``B_max x N`` prefill and decode values come from one vectorized per
 
 **Output lengths (§4.2, §5.1, §5.3).** :class:`~slogym.workloads.gaussian.GaussianLengthPredictor`: per-app Gaussian
 updated online from completed requests, one random draw per request (kept for the request's lifetime so plans are
-consistent). ``predictor="oracle"`` uses the true length (the paper's §5.3 accurate-predictor study).
+consistent). ``predictor="oracle"`` uses the true length; with ``length_error=e`` it is the true length times
+``1 + u``, ``u`` uniform in ``[-e, e]`` and drawn once per request -- the paper's §5.3 study, which replaces the
+Gaussian by "actual output lengths with variations of 2.5%, 5%, and 10%" (Fig. 9). Reconstructed: the text does not
+say how the variation is distributed; a uniform relative error bounded by the stated percentage is assumed.
 ``history=`` warms the Gaussian with (app name, output length) pairs of earlier completed requests, replayed through
 the online update (:meth:`~slogym.workloads.gaussian.GaussianLengthPredictor.warm`) -- the paper's predictor runs
 in a live system, and §4.2 lets users supply each task type's output distribution up front. The default stays
@@ -388,6 +391,8 @@ class SAScheduler(Scheduler):
     max_batch_size  ``B_max``: the paper's maximum batch size (running requests cap)
     search          ``"anneal"`` or ``"exhaustive"`` (falls back to annealing above ``exhaustive_max`` requests)
     predictor       ``"gaussian"`` (online per-app Gaussian, prior ``prior_len``) or ``"oracle"`` (true lengths)
+    length_error    with ``"oracle"``: relative error bound ``e`` of §5.3's "actual output lengths with variations"
+                    (each request's true length times ``1 + U(-e, e)``, drawn once); 0 = exact lengths
     history         (app name, output length) pairs of completed requests that warm the Gaussian before the run
                     (module doc, "Output lengths"); empty by default: a cold predictor
     t0, t_min, alpha, iters, max_entries   :class:`AnnealConfig` (the paper's ``T0``, ``T_min``, decay, ``L``)
@@ -398,9 +403,12 @@ class SAScheduler(Scheduler):
     def __init__(self, max_batch_size: int = 4, max_num_batched_tokens: int = 8192, search: str = "anneal",
                  predictor: str = "gaussian", prior_len: float = 128.0, seed: int = 0, t0: float = 100.0,
                  t_min: float = 20.0, alpha: float = 0.95, iters: int = 500, max_entries: int | None = 8192,
-                 exhaustive_max: int = 7, history: Sequence[tuple[str, int]] = ()) -> None:
+                 exhaustive_max: int = 7, history: Sequence[tuple[str, int]] = (), length_error: float = 0.0) -> None:
         if max_batch_size < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_batch_size and max_num_batched_tokens must be >= 1")
+        if not 0 <= length_error < 1 or (length_error > 0 and predictor != "oracle"):
+            raise ValueError(f"length_error={length_error}; must be in [0, 1), and > 0 only with predictor='oracle' "
+                             f"(got predictor={predictor!r})")
         self.history = tuple((str(app), int(length)) for app, length in history)
         bad = [h for h in self.history if h[1] < 1]
         if bad:
@@ -412,6 +420,7 @@ class SAScheduler(Scheduler):
         self.search = search
         self.predictor = predictor
         self.prior_len = prior_len
+        self.length_error = length_error
         self.seed = seed
         self.t0, self.t_min, self.alpha, self.iters, self.max_entries = t0, t_min, alpha, iters, max_entries
         self._config = AnnealConfig(t0, t_min, alpha, iters, max_entries)
@@ -424,6 +433,7 @@ class SAScheduler(Scheduler):
         if self.history:
             self.lengths.warm(self._app_codes(sim.w.app_names), [length for _, length in self.history])
         self._pred = np.full(len(sim.w), -1, np.int64)   # predicted total output length, drawn once per request
+        self._error_rng = np.random.default_rng([self.seed, 53])   # §5.3 variations: apart from the search's stream
         self._rank: dict[int, int] = {}                  # planned priority (lower runs first) of planned requests
         self._group: dict[int, int] = {}                 # planned batch of each waiting request
         self._live: set[int] = set()                     # requests seen and not yet observed as done
@@ -438,12 +448,18 @@ class SAScheduler(Scheduler):
 
     # ----------------------------------------------------------------------------------------------- prediction
     def predicted_output(self, reqs: np.ndarray) -> np.ndarray:
-        """Predicted total output length of each request (sampled once; the truth in oracle mode)."""
+        """Predicted total output length of each request (sampled once; the truth in oracle mode, varied by up to
+        ``length_error`` of it)."""
         w = self._sim.w
         new = reqs[self._pred[reqs] < 0]
         if new.size:
-            self._pred[new] = (w.output_tokens[new] if self.predictor == "oracle"
-                               else self.lengths.sample(w.app[new]))
+            if self.predictor == "gaussian":
+                self._pred[new] = self.lengths.sample(w.app[new])
+            elif self.length_error > 0:
+                u = self._error_rng.uniform(-self.length_error, self.length_error, new.size)
+                self._pred[new] = np.maximum(np.rint(w.output_tokens[new] * (1 + u)), 1)
+            else:
+                self._pred[new] = w.output_tokens[new]
         return self._pred[reqs]
 
     def _observe_finishes(self) -> None:
