@@ -299,6 +299,21 @@ def test_tier_pool_deltas_scale_up_pending_tiers_and_return_empty_instances() ->
     assert scaler.deltas(sim, now).tolist()[1] == 0
 
 
+def test_requests_pend_where_the_tpot_would_break() -> None:
+    """The TPOT side of §4.5's admission: residents whose decode batch at the predicted future KV peak takes longer
+    than the tier's TPOT pend, though each prompt alone would meet its TTFT."""
+    w = Workload.two_stage(np.zeros(200), np.full(200, 10), np.full(200, 2000), np.full(200, 1.0),
+                           np.full(200, 0.02), tier=np.zeros(200, np.int64), tier_names=["a"])
+    sim = Simulator(w, ENGINE, make_policy("polyserve-co", ENGINE), n_instances=2)
+    sim.policy.reset(sim)
+    sim.rs.num_tokens[:] = sim.rs.stage_len  # arrived
+    scaler = sim.policy.scaler
+    sim.instances[0].waiting.extend(range(5))       # 5 x 2010 tokens at their peak: a short step
+    sim.instances[1].waiting.extend(range(5, 200))  # 195 of them: the step at the peak exceeds 20 ms
+    assert not scaler.pending(sim.instances[0], 0.0)
+    assert not scaler._late_ttft(sim.instances[1], 0.0) and scaler.pending(sim.instances[1], 0.0)
+
+
 def test_polyserve_beats_random_on_a_small_loaded_cluster() -> None:
     w = _tiers(800, rate=75.0, seed=7)
     att = {name: Simulator(w, ENGINE, make_policy(name, ENGINE), n_instances=4).run().result().summary["attainment"]

@@ -1267,17 +1267,35 @@ class PolyServeScaler(Scaler):
         return out
 
     def pending(self, inst: Instance, now: float) -> bool:
-        """Some request waiting on ``inst`` for its first chunk *pends* in PolyServe's sense: where it waits, its
-        TTFT is no longer attainable, so PolyServe's router would not have admitted it there (§4.1: "the
-        highest-load but still SLO-attainable server"; the env's router places every request at once, so the
-        queue that PolyServe keeps in its router sits on the instances). Prediction: §4.7's continuous
-        chunked-prefill prediction on the instance as it is -- the chunk that fits beside its decodes at its KV
-        size within its operating TPOT (the tightest resident's; §4.5's profile budget, as
-        :class:`PolyScheduler` forms batches, at least ``min_chunk``), every iteration of that chunk's profiled
-        time; the request's first token comes after the prompt tokens queued ahead of it in TTFT-deadline order
-        and its own, and must be before its TTFT deadline. A request whose TTFT not even an idle server meets any
-        more is lost, not pending (PolyServe's router demotes it to best effort, :meth:`PolyServeRouter._pend`);
-        best-effort requests never pend. Deviation: no wait for the iteration in flight (§4.6) is added."""
+        """Requests placed on ``inst`` *pend* in PolyServe's sense: PolyServe's router would not have admitted
+        them there (§4.1: "the highest-load but still SLO-attainable server"; the env's router places every
+        request at once, so the requests PolyServe would keep pending in its router sit on the instances).
+        Either test of the admission (§4.5-4.7) fails on the instance as it is:
+
+        * TPOT (§4.5): its residents' token batch at their predicted future KV peak (each grows until its
+          predicted end, the average decode length: :func:`future_kv_peak`, on the expert's own fleet rows,
+          :meth:`Fleet.read`) takes longer than its operating TPOT (the tightest resident's), or the peak
+          exceeds its KV memory, or the residents exceed its batch limit;
+        * TTFT (§4.7): a request waiting for its first chunk can no longer meet its TTFT there: the chunk that
+          fits beside the instance's decodes at its KV size within its TPOT (§4.5's profile budget, as
+          :class:`PolyScheduler` forms batches, at least ``min_chunk``), every iteration of that chunk's profiled
+          time, must prefill the prompt tokens queued ahead of it in TTFT-deadline order and its own before its
+          TTFT deadline. A request whose TTFT not even an idle server meets any more is lost, not pending
+          (PolyServe's router demotes it, :meth:`PolyServeRouter._pend`); best-effort requests never pend.
+
+        Deviation: no wait for the iteration in flight (§4.6) is added to the TTFT prediction."""
+        return self._over_tpot(inst) or self._late_ttft(inst, now)
+
+    def _over_tpot(self, inst: Instance) -> bool:
+        fleet = self.core.ensure(inst.sim)
+        tpot = fleet.read(inst)
+        j, n = inst.id, int(fleet.n_res[inst.id])
+        if not n or tpot == INF:
+            return False
+        peak = pk.future_kv_peak_one(fleet.rem, fleet.csum, fleet.pb, fleet.sa, j, n, 0, 1)
+        return bool(peak > fleet.cap[j] or n > fleet.max_seqs[j] or fleet.table.time_one(n, peak) > tpot)
+
+    def _late_ttft(self, inst: Instance, now: float) -> bool:
         sim = inst.sim
         rs, w = sim.rs, sim.w
         slo = [r for r in inst.waiting if not rs.be[r]]
