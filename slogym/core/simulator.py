@@ -173,6 +173,7 @@ class Simulator:
         """Generator over the run; yields decision requests when an agent is attached (see module doc)."""
         self._wall0 = time.perf_counter()
         self.policy.reset(self)
+        self._coupled = self.policy.router.coupled  # read by every _ff_horizon
         # a driver that times iterations itself (defer_timing: the vector env's batch_timing=True) sees them all
         self._pilot_on = self.pilot and not self.agent_schedule and not self.defer_timing
         if self.policy.scaler is not None:
@@ -333,6 +334,7 @@ class Simulator:
         self._glob: list[tuple[float, int, int, Any]] = []
         self._seq = 0
         self._na = 0
+        self._ta = float(w.arrival[0]) if len(w) else INF  # arrival time of request _na (inf: none left)
         self._n_done = 0
         self.ff_iterations = 0
         self.pilot_iterations = 0  # iterations the compiled pilot ran, and arrivals it placed
@@ -372,14 +374,13 @@ class Simulator:
 
     # ================================================================== event loop
     def _loop(self) -> _Gen:
-        arrival, n = self.w.arrival, len(self.w)
         it, gl = self._iter, self._glob
         if self.progress:
             from tqdm import tqdm
 
             self._pbar = tqdm(total=n, unit="req", mininterval=0.5, leave=False)
         while True:
-            ta = arrival[self._na] if self._na < n else INF
+            ta = self._ta
             ti = it[0][0] if it else INF
             tg = gl[0][0] if gl else INF
             if ti <= tg and ti <= ta and ti < INF:
@@ -409,13 +410,18 @@ class Simulator:
                     yield from self._on_ready(payload, t)
             elif ta < INF:
                 r = self._na
-                self._na += 1
+                self._arrived(r + 1)
                 self.now = ta
                 yield from self._on_arrival(r, ta)
             else:
                 break
         if self._pbar is not None:
             self._pbar.close()
+
+    def _arrived(self, na: int) -> None:
+        """Requests before ``na`` have arrived."""
+        self._na = na
+        self._ta = float(self.w.arrival[na]) if na < len(self.w) else INF
 
     def _scaler_tick(self, sim: "Simulator", t: float) -> None:
         scaler = self.policy.scaler
@@ -642,14 +648,14 @@ class Simulator:
     # ================================================================== fast-forward
     def _ff_horizon(self, arrivals: bool = True) -> float:
         """Time of the next event that could reach an instance (``arrivals``: counting the next arrival)."""
-        h = self.w.arrival[self._na] if arrivals and self._na < len(self.w) else INF
+        h = self._ta if arrivals else INF
         if self._offer_t < h:  # the global queue is being offered (_retry_queue)
             h = self._offer_t
         if self._glob:
             h = min(h, self._glob[0][0])
         if not self._iter:
             return h
-        if self.policy.router.coupled or self._held or self._handoff_wait:
+        if self._coupled or self._held or self._handoff_wait:
             # another instance's iteration end may wake something for this instance
             return min(h, self._iter[0][0])
         if self.global_queue:  # a finish elsewhere offers the deferred requests again
@@ -805,7 +811,7 @@ class Simulator:
         if na != self._na:
             router.pilot_routed(na - self._na)
             self.pilot_arrivals += na - self._na
-            self._na = na
+            self._arrived(na)
         inst.inflight = None
         iters -= start  # the empty batch it ended first
         inst.iterations += iters
