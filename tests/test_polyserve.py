@@ -269,8 +269,9 @@ def test_scaler_returns_idle_instances_to_the_pool() -> None:
 
 def test_tier_pool_deltas_scale_up_pending_tiers_and_return_empty_instances() -> None:
     """``PolyServeScaler.deltas`` (Scaling-v0, one pool per tier): +1 for a tier whose waiting requests can no
-    longer meet their TTFT where they wait (they pend, §4.3), -1 for a tier with an empty instance (§4.3's check
-    of the last instance), nothing while a scale-up is starting or for a request already lost."""
+    longer meet their TTFT where they wait (they pend, §4.3; also while a scale-up is starting), -1 for a tier
+    with an empty instance (§4.3's check of the last instance), 0 for a tier with both, or for a request already
+    lost."""
     tpots = [0.02, 0.03, 0.05, 0.1]
     tier = np.repeat(np.arange(4), 10)
     w = Workload.two_stage(np.zeros(40), np.full(40, 4000), np.full(40, 100), np.full(40, 0.5),
@@ -295,7 +296,9 @@ def test_tier_pool_deltas_scale_up_pending_tiers_and_return_empty_instances() ->
     d = scaler.deltas(sim, now).tolist()
     assert d == [-1, 1, 0, 0, -1]  # tiers 0 and 4 (best effort, no requests) are empty
     assert scaler.deltas(sim, late).tolist()[3] == 0
-    sim.add_instance(cold_start=10.0, pool=1)  # tier 1's scale-up is starting: it waits for it
+    sim.add_instance(cold_start=10.0, pool=1)  # a scale-up under way: the requests still pend, one more
+    assert scaler.deltas(sim, now).tolist()[1] == 1
+    sim.add_instance(pool=1)  # an empty active instance: PolyServe would admit the pending requests there
     assert scaler.deltas(sim, now).tolist()[1] == 0
 
 

@@ -1238,18 +1238,20 @@ class PolyServeScaler(Scaler):
         * +1 when requests of the tier *pend* (:meth:`pending`; §4.3: "when requests start pending for one SLO
           tier and the idle pool is not empty, PolyServe will assign the serving instance to the SLO"; the env's
           ``max_instances`` bound stands for the idle pool running dry);
-        * -1 when the pool's least-loaded active instance holds no request (§4.3: "periodically check the
-          requests in the last serving instance. If no requests are running on the server, the server will be
-          returned to the best-effort pool"; the env drains exactly that instance, which stops at once);
-        * 0 otherwise, and while an instance of the pool is still starting (a scale-up under way).
+        * -1 when an active instance of the pool holds no request (§4.3: "periodically check the requests in the
+          last serving instance. If no requests are running on the server, the server will be returned to the
+          best-effort pool"; the env takes back an instance still starting first, else drains the least-loaded
+          active one, i.e. an empty one, which stops at once);
+        * 0 when both hold (PolyServe would admit the pending requests on the empty instance) or neither.
 
         §4.4's pending list (a last instance holding only looser, promoted requests) has no counterpart: the env
         never promotes, so every resident of a tier pool is of its tier and "no request of the current tier"
         means empty. Deviations: the env's cold start delays a scale-up that the paper makes instant ("scaling
-        happens instantly"), so one scale-up at a time per tier (a tier that still pends once it is ready asks
-        again); the idle pool is per tier (``max_instances``), not shared; the env routes by least outstanding
-        tokens, not PolyServe's load gradient (§4.3), so a tier's instances empty, and scale down, only when
-        its load leaves one idle between arrivals."""
+        happens instantly"): requests go on pending meanwhile, and the tier asks for one more instance at every
+        check while they do (the rule as stated; the paper needs no rule for scale-ups under way); the idle pool
+        is per tier (``max_instances``), not shared; the env routes by least outstanding tokens, not PolyServe's
+        load gradient (§4.3), so a tier's instances empty, and scale down, only when its load leaves one idle
+        between arrivals."""
         w = sim.w
         members: list[list[Instance]] = [[] for _ in w.tier_names]
         for inst in sim.instances:
@@ -1257,13 +1259,11 @@ class PolyServeScaler(Scaler):
                 members[inst.pool].append(inst)
         out = np.zeros(len(members), np.int64)
         for p, insts in enumerate(members):
-            if any(i.state == InstanceState.STARTING for i in insts):
-                continue
             active = [i for i in insts if i.state == InstanceState.ACTIVE]
-            if any(self.pending(i, now) for i in active):
-                out[p] = 1
-            elif any(not (i.n_resident or i.n_incoming or i.n_parked) for i in active):
-                out[p] = -1
+            empty = any(not (i.n_resident or i.n_incoming or i.n_parked) for i in active)
+            pends = any(self.pending(i, now) for i in active)
+            if pends != empty:  # both: the empty instance is where PolyServe would admit the pending requests
+                out[p] = 1 if pends else -1
         return out
 
     def pending(self, inst: Instance, now: float) -> bool:
