@@ -23,7 +23,8 @@ Steps (one engine process for all of them):
 Iteration times default to ``--timing norm``: CPU time scaled by a reference kernel timed around each step
 (``EngineConfig``), which removes most of the drift of CPU time with the shared machine's load; per batch kind,
 the factor's exponent and a price for being descheduled inside the step are fitted on the profile passes
-before the replays (``profiler.norm_exponents``, ``--elasticity``) and used for every later step.
+before the replays (``profiler.norm_exponents``, ``--elasticity``) and used for every later step. The engine
+thread runs under ``SCHED_FIFO`` (``--rt-priority``, default 1): no other process preempts it inside a step.
 
 Printed: per-iteration time error (MAPE and bias of the fitted model on every batch the live engine executed,
 also per batch kind; the noise floor on the live replays' repeated batches, back to back and across profile
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -352,6 +354,10 @@ def main(argv: list[str] | None = None) -> int:
                          "default is 60; on the shared machine, memory pressure from other jobs stalled two runs "
                          "for over 60 s)")
     ap.add_argument("--nice", type=int, default=0, help="engine process priority (negative needs root)")
+    ap.add_argument("--rt-priority", type=int, default=1,
+                    help="run the engine thread under SCHED_FIFO at this priority (EngineConfig.rt_priority; needs "
+                         "root or CAP_SYS_NICE; 0: normal scheduling): no other process preempts a step, which "
+                         "halved the run-level spread of identical steps under load (docs/live_engine.md)")
     ap.add_argument("--timing", choices=TIMINGS, default="norm",
                     help="iteration time = wall time, CPU time, or CPU time at the machine's quiet speed (norm, "
                          "the default: shared machines; see EngineConfig)")
@@ -388,15 +394,18 @@ def main(argv: list[str] | None = None) -> int:
                             **{k: int(arch[k]) for k in ("hidden", "layers", "heads")})
     cfg = EngineConfig(model=str(model), num_blocks=args.blocks, max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_prompt + args.max_out,
-                       seed=args.seed, nice=args.nice, timing=args.timing, step_timeout=args.step_timeout,
+                       seed=args.seed, nice=args.nice, rt_priority=args.rt_priority, timing=args.timing,
+                       step_timeout=args.step_timeout,
                        ref_reps=args.ref_reps, ref_window=args.ref_window)
     w, src = trace_workload(args.requests, args.rate, args.token_scale, args.max_prompt, args.max_out, args.ttft,
                             args.tpot, args.seed)
     t0 = time.perf_counter()
     phases: dict[str, float] = {}
+    loads: dict[str, float] = {"start": round(os.getloadavg()[0], 2)}
 
     def lap(name: str) -> None:
         phases[name] = round(time.perf_counter() - t0 - sum(phases.values()), 1)
+        loads[name] = round(os.getloadavg()[0], 2)  # the machine's 1-min load average at the end of the phase
 
     with VLLMEngine(cfg) as engine:
         lap("engine_start")
@@ -479,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
                          "noise_live_same_batch_n": int(same.size), "noise_only_source": inject_src,
                          "timing": args.timing, "ref_reps": args.ref_reps, "ref_window": args.ref_window,
                          "norm_elasticity": elast, "norm_preempt": preempt, "timing_variants": variants,
-                         "phase_wall_s": phases,
+                         "phase_wall_s": phases, "phase_load_avg": loads, "rt_priority": args.rt_priority,
                          "arch": args.arch, "model": str(model),
                          "rate": args.rate, "slo_ttft_s": args.ttft, "slo_tpot_s": args.tpot,
                          "warm_shapes": args.warm_shapes, "workload": src,

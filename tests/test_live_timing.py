@@ -269,3 +269,78 @@ def test_timing_variants_compare_the_same_iterations_under_other_exponents() -> 
     # the fitted exponent removes the factor's swings that the plain norm time (e = 1) over-corrects
     assert out["speed_only"]["p"]["iteration_mape"] < out["plain_norm"]["p"]["iteration_mape"] / 2
     assert fid.timing_variants(df.assign(speed=1.0), {"p": df}, None, 0, {}) == {}  # no norm factor: nothing
+
+
+@pytest.mark.parametrize("bad", [-1, 100])
+def test_engine_config_rejects_bad_rt_priority(bad: int) -> None:
+    with pytest.raises(ValueError, match="rt_priority"):
+        EngineConfig(model="m", num_blocks=64, max_model_len=1024, rt_priority=bad)
+
+
+class _FakeEngine:
+    """Stands in for vLLM's LLMEngine in :meth:`Worker.step`: burns ~10 ms of CPU, notes whether GC was on."""
+
+    def __init__(self) -> None:
+        self.gc_during_step: list[bool] = []
+
+    def step(self) -> list[Any]:
+        import gc
+
+        self.gc_during_step.append(gc.isenabled())
+        t = time.thread_time()
+        while time.thread_time() - t < 0.01:
+            pass
+        return []
+
+
+def _fake_worker(gc_in_step: bool) -> Worker:
+    from types import SimpleNamespace
+
+    w = Worker.__new__(Worker)  # the step protocol only; no vLLM
+    pool = SimpleNamespace(get_num_free_blocks=lambda: 8)
+    w.sched = SimpleNamespace(plan=None, executed={"1": 1}, kv_cache_manager=SimpleNamespace(block_pool=pool),
+                              requests={"1": SimpleNamespace(num_computed_tokens=1, num_tokens=2)})
+    w.engine, w.ids, w.speed, w.exec_s = _FakeEngine(), {1: "1"}, None, [0.0, 0.0]
+    w.gc_in_step, w.thread_clock = gc_in_step, True
+    return w
+
+
+@pytest.mark.parametrize("gc_in_step", [True, False])
+def test_worker_step_times_the_engine_thread_and_can_pause_gc(gc_in_step: bool) -> None:
+    import gc
+
+    w = _fake_worker(gc_in_step)
+    reply = w.step({"plan": [(1, 1, 0, 1)]})
+    assert w.engine.gc_during_step == [gc_in_step] and gc.isenabled()  # re-enabled after the step
+    assert reply["executed"] == {1: 1} and reply["state"] == {1: (1, 2)}
+    assert 0.009 <= reply["cpu_s"] <= reply["process_cpu_s"] + 1e-6  # the engine thread's share of the process's
+    assert reply["nivcsw"] >= 0 and reply["minflt"] >= 0
+
+
+def _fifo_allowed() -> bool:
+    import subprocess
+    import sys
+
+    probe = "import os; os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))"
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
+
+
+@needs_vllm
+def test_rt_priority_runs_the_engine_thread_under_sched_fifo(tmp_path_factory: pytest.TempPathFactory) -> None:
+    import os
+
+    from slogym.engines.live import EngineError
+
+    model = make_tiny_model(tmp_path_factory.mktemp("tiny") / "llama")
+    cfg = EngineConfig(model=str(model), num_blocks=16, max_num_seqs=4, max_num_batched_tokens=256,
+                       max_model_len=256, rt_priority=1)
+    if not _fifo_allowed():
+        with pytest.raises(EngineError, match="rt_priority=1"):
+            VLLMEngine(cfg)
+        return
+    with VLLMEngine(cfg) as eng:
+        assert eng.info["sched_policy"] == os.SCHED_FIFO
+        assert os.sched_getscheduler(eng.pid) == os.SCHED_FIFO  # the engine thread (tid = pid) itself
+        reply = eng.step([(3, 32, 0, 32)], add=[(3, 32, 1)])
+        assert 0 < reply["cpu_s"] <= reply["process_cpu_s"] + 1e-6
+        assert eng.abort([]) == cfg.num_blocks

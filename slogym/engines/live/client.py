@@ -97,9 +97,9 @@ class EngineConfig:
     block_size must be a multiple of 32 for vLLM's CPU attention. ``step_timeout`` bounds every engine step,
     ``init_timeout`` the start-up (import + model load), both in seconds. ``nice`` (negative needs root) sets
     the engine process's scheduling priority. ``timing`` is what an iteration's duration is: ``wall`` (the
-    elapsed time of the engine step), ``cpu`` (the engine process's CPU time during the step -- on a shared,
-    oversubscribed machine the time the step would take on a dedicated core, without the periods the OS ran
-    other work; meaningful with ``threads=1``) or ``norm`` (that CPU time scaled to the machine's quiet speed
+    elapsed time of the engine step), ``cpu`` (the CPU time of the engine thread during the step with
+    ``threads=1``, of the engine process otherwise -- on a shared, oversubscribed machine the time the step
+    would take on a dedicated core, without the periods the OS ran other work) or ``norm`` (that CPU time scaled to the machine's quiet speed
     by a reference loop timed right before and after every step, :class:`~slogym.engines.live.worker.
     SpeedReference`: removes the slow drift of CPU time with other tenants' load; ``ref_reps`` passes of the
     kernel per sample, the factor from the geometric mean of the last ``ref_window`` samples -- this step's two
@@ -110,7 +110,13 @@ class EngineConfig:
     reference kernel's speed, and what being descheduled inside the step adds to it (cache refills);
     :func:`slogym.engines.profiler.norm_exponents` fits both on repeated profile visits (docs/live_engine.md,
     "Speed elasticity").
-    The worker raises oneDNN's primitive cache (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``,
+    ``rt_priority`` > 0 runs the engine thread under the real-time policy ``SCHED_FIFO`` at that priority
+    after start-up (needs root or ``CAP_SYS_NICE``; refused: ``EngineError``): no ordinary process can preempt
+    it inside a step, which on the shared 2-core machine took the spread of identical steps from 3.7-5.0 to
+    3.0-3.2 % (``norm``, load average 7-9; ``scripts/step_noise.py``, docs/live_engine.md "Noise sources").
+    It holds one core for as long as a step runs (the engine still blocks between steps; the kernel's RT
+    throttling leaves others 5 % of that core in any case). ``gc_in_step=False`` disables Python's garbage
+    collector inside the step (a diagnosis knob: no measurable effect). The worker raises oneDNN's primitive cache (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``,
     default 8192 here, 1024 in oneDNN) so that a warmed-up engine keeps every GEMM shape it has seen.
     """
 
@@ -130,6 +136,8 @@ class EngineConfig:
     ref_window: int = 4
     norm_elasticity: dict[str, float] = field(default_factory=dict)
     norm_preempt: dict[str, float] = field(default_factory=dict)
+    gc_in_step: bool = True
+    rt_priority: int = 0
     step_timeout: float = 60.0
     init_timeout: float = 600.0
     python: str | None = None
@@ -143,6 +151,9 @@ class EngineConfig:
         if self.max_model_len > self.num_blocks * self.block_size:
             raise ValueError(f"max_model_len={self.max_model_len} exceeds the KV pool "
                              f"({self.num_blocks} blocks x {self.block_size} tokens)")
+        if not 0 <= int(self.rt_priority) <= 99:
+            raise ValueError(f"EngineConfig.rt_priority={self.rt_priority!r}; must be 0 (normal scheduling) or a "
+                             "SCHED_FIFO priority 1-99")
         if self.ref_window < 2:
             raise ValueError(f"EngineConfig.ref_window={self.ref_window!r}; must be >= 2 (a step's two samples)")
         for name, top in (("norm_elasticity", 2.0), ("norm_preempt", 1.0)):
@@ -183,7 +194,7 @@ class VLLMEngine:
         self.iterations = 0
         cfg = {k: getattr(config, k) for k in ("model", "block_size", "num_blocks", "max_num_seqs",
                                                "max_num_batched_tokens", "max_model_len", "dtype", "seed",
-                                               "threads", "nice", "timing", "ref_reps", "ref_window")}
+                                               "threads", "nice", "timing", "ref_reps", "ref_window", "gc_in_step", "rt_priority")}
         cfg["ref_hidden"] = config.ref_hidden or model_hidden(config.model)
         self.info = self._call({"cmd": "init", **cfg}, config.init_timeout, "start-up")
         if int(self.info["num_blocks"]) != config.num_blocks:

@@ -22,9 +22,11 @@ rules (token budget, FCFS order, watermark, its preemption choice) are not consu
 from __future__ import annotations
 
 import collections
+import gc
 import math
 import os
 import pickle
+import resource
 import statistics
 import struct
 import sys
@@ -282,6 +284,7 @@ class Worker:
         self.sched = self.engine.engine_core.engine_core.scheduler
         self.vocab = int(self.engine.model_config.get_vocab_size())
         self.ids: dict[int, str] = {}
+        self.gc_in_step = bool(cfg.get("gc_in_step", True))
         self.speed = (SpeedReference(hidden=int(cfg.get("ref_hidden") or 128), reps=int(cfg.get("ref_reps", 1)),
                                      window=int(cfg.get("ref_window", 4)))
                       if cfg.get("timing") == "norm" else None)
@@ -291,8 +294,16 @@ class Worker:
         for name in ("execute_model", "sample_tokens"):
             setattr(executor, name, self._timed(getattr(executor, name)))
         free = self.sched.kv_cache_manager.block_pool.get_num_free_blocks()
+        self.thread_clock = int(cfg.get("threads", 1)) == 1
+        rt = int(cfg.get("rt_priority", 0))
+        if rt:  # after start-up: only the engine thread (and threads it starts later) runs real-time
+            try:
+                os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(rt))
+            except OSError as e:
+                raise RuntimeError(f"rt_priority={rt}: the OS refused SCHED_FIFO for the engine thread ({e}); it "
+                                   "needs root or CAP_SYS_NICE -- run with rt_priority=0") from None
         self.info = {"ok": True, "num_blocks": free, "block_size": bs, "vllm": __version__, "pid": os.getpid(),
-                     "init_s": time.perf_counter() - t0}
+                     "init_s": time.perf_counter() - t0, "sched_policy": os.sched_getscheduler(0)}
 
     def _timed(self, fn: Any) -> Any:
         """``fn`` (a model-executor call: forward pass or sampling) adding its wall and CPU time to ``exec_s``."""
@@ -332,12 +343,18 @@ class Worker:
         if self.speed is not None:
             self.speed.sample()
         self.exec_s = [0.0, 0.0]
+        ru0 = resource.getrusage(resource.RUSAGE_THREAD)
+        if not self.gc_in_step:
+            gc.disable()
         try:
-            c0, t0 = time.process_time(), time.perf_counter()
+            c0, th0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
             outs = self.engine.step()
-            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+            dt, proc_cpu, thread_cpu = time.perf_counter() - t0, time.process_time() - c0, time.thread_time() - th0
         finally:
             self.sched.plan = None
+            if not self.gc_in_step:
+                gc.enable()
+        ru1 = resource.getrusage(resource.RUSAGE_THREAD)
         speed, ref = 1.0, None
         speed_ops = 1.0
         if self.speed is not None:  # bracket the step: one sample before, one after
@@ -353,7 +370,11 @@ class Worker:
         reqs = self.sched.requests
         state = {r: (reqs[self.ids[r]].num_computed_tokens, reqs[self.ids[r]].num_tokens)
                  for r, *_ in plan if r in self.ids}
-        return {"ok": True, "time_s": dt, "cpu_s": cpu, "exec_s": self.exec_s[0],
+        # one engine thread: its own CPU time; the process's adds other threads' stray work (vLLM's and gloo's
+        # helper threads) that lands in random steps and would not lengthen the step on a dedicated machine
+        cpu = thread_cpu if self.thread_clock else proc_cpu
+        return {"ok": True, "time_s": dt, "cpu_s": cpu, "process_cpu_s": proc_cpu, "exec_s": self.exec_s[0],
+                "minflt": ru1.ru_minflt - ru0.ru_minflt, "nivcsw": ru1.ru_nivcsw - ru0.ru_nivcsw,
                 "exec_cpu_s": self.exec_s[1], "speed": speed, "speed_ops": speed_ops, "ref_s": ref,
                 "finished": finished,
                 "state": state, "executed": executed,
