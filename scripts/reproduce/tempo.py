@@ -261,8 +261,8 @@ Where slogym differs from the paper, and why:
   earns 1.020 / 1.013 / 1.007 / 1.005x Tempo per user request (the median bound meets 7% fewer requests: the
   paper's "notable drop in goodput"); none is below. A 600 s window widens the gap (1.021, 3 seeds), Eq. 4's printed
   decay makes it a tie (0.999); Tempo-Precise is above the ablation (1.015x, 5/5 seeds). Isolated by giving the
-  flat bound to one request kind at a time (5 seeds): it is the bound on code-generation safeguard calls. Tempo with only its
-  safeguard calls on the flat bound earns 1.013x (above on 5/5 seeds), the ablation with only its chain calls on the
+  flat bound to one request kind at a time (5 seeds): it is the bound on code-generation safeguard calls. Tempo
+  with only its safeguard calls on the flat bound earns 1.013x (above on 5/5 seeds), the ablation with only its chain calls on the
   QRF 1.002x; single requests' or tree calls' bound moves nothing (1.000 / 1.001). A safeguard call's QRF bound is
   ~570 tokens (true mean 231), the flat one 1350: against its small matched share of the chain's deadline the stage
   projects a miss, section 3.1's decay cuts its density, and tree-of-thought calls take the capacity (trees +5%
