@@ -255,25 +255,25 @@ Where slogym differs from the paper, and why:
 * Known difference (docs/baselines/tempo.md, "The known difference"): on tempo-mix Poisson at 1.5x the no-predictor
   ablation earns ~1% MORE service gain than Tempo (5 seeds: 1.011 +- 0.006 per user request; the paper: slightly
   less), with as many requests meeting their SLO (0.997). The predictor is used as section 4.1 says (0.9 quantile,
-  calibrated; re-predicted every 128 generated tokens, conditioned on them); Tempo with the QRF median (1.005x
-  Tempo, 3 seeds) or a 32-token refresh (0.998x) is not above the ablation either. Nor is the flat level the cause
-  (--flat-levels, 5 seeds): with the history's 0.5 / 0.75 / 0.99 / 0.999 quantile as its one bound the ablation
-  earns 1.020 / 1.013 / 1.007 / 1.005x Tempo per user request (the median bound meets 7% fewer requests: the
-  paper's "notable drop in goodput"); none is below. A 600 s window widens the gap (1.021, 3 seeds), Eq. 4's printed
-  decay makes it a tie (0.999); Tempo-Precise is above the ablation (1.015x, 5/5 seeds). Isolated by giving the
-  flat bound to one request kind at a time (5 seeds): it is the bound on code-generation safeguard calls. Tempo
-  with only its safeguard calls on the flat bound earns 1.013x (above on 5/5 seeds), the ablation with only its chain calls on the
+  calibrated; re-predicted every 128 generated tokens, conditioned on them); Tempo with the QRF median (1.005x Tempo,
+  3 seeds) or a 32-token refresh (0.998x) is not above the ablation either. Nor is the flat level the cause
+  (--flat-levels, 5 seeds): with the history's 0.5 / 0.75 / 0.99 / 0.999 quantile as its one bound the ablation earns
+  1.020 / 1.013 / 1.007 / 1.005x Tempo per user request (the median bound meets 7% fewer requests: the paper's
+  "notable drop in goodput"); none is below. A 600 s window widens the gap (1.021, 3 seeds), Eq. 4's printed decay
+  makes it a tie (0.999); Tempo-Precise is above the ablation (1.015x, 5/5 seeds). Isolated by giving the flat bound
+  to one request kind at a time (5 seeds): it is the bound on code-generation safeguard calls. Tempo with only its
+  safeguard calls on the flat bound earns 1.013x (above on 5/5 seeds), the ablation with only its chain calls on the
   QRF 1.002x; single requests' or tree calls' bound moves nothing (1.000 / 1.001). A safeguard call's QRF bound is
   ~570 tokens (true mean 231), the flat one 1350: against its small matched share of the chain's deadline the stage
-  projects a miss, section 3.1's decay cuts its density, and tree-of-thought calls take the capacity (trees +5%
-  gain, chains -3%). The alpha = 1 decay pays more for a tree saved near its 40 s deadline than it takes from a
-  chain already late, so the sum rises. It is the priority a flat bound implies, not information the QRF lacks:
-  flattening only the writer calls (QRF ~2140 tokens, flat 1350) does the reverse (0.991x), and Tempo-Precise (exact
-  lengths) earns more than both. The synthetic lengths carry no per-request signal beyond app and role (rank
-  correlation ~0 for single requests and tree calls; the paper's QRF reads the prompt), so the model's edge here is
-  the app / role level, which pays under bursts: there the ablation's throughput-intensive requests (bounded at 1350
-  instead of ~750) miss their TTLT and it falls below Tempo. Even Tempo-Precise is within a few percent of Tempo: on
-  vLLM's chunked-prefill substrate priority acts only through admission, eviction and quantum switches.
+  projects a miss, section 3.1's decay cuts its density, and tree-of-thought calls take the capacity (trees +5% gain,
+  chains -3%). The alpha = 1 decay pays more for a tree saved near its 40 s deadline than it takes from a chain
+  already late, so the sum rises. It is the priority a flat bound implies, not information the QRF lacks: flattening
+  only the writer calls (QRF ~2140 tokens, flat 1350) does the reverse (0.991x), and Tempo-Precise (exact lengths)
+  earns more than both. The synthetic lengths carry no per-request signal beyond app and role (rank correlation ~0 for
+  single requests and tree calls; the paper's QRF reads the prompt), so the model's edge here is the app / role level,
+  which pays under bursts: there the ablation's throughput-intensive requests (bounded at 1350 instead of ~750) miss
+  their TTLT and it falls below Tempo. Even Tempo-Precise is within a few percent of Tempo: on vLLM's chunked-prefill
+  substrate priority acts only through admission, eviction and quantum switches.
 """
 
 
