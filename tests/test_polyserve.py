@@ -180,6 +180,32 @@ def test_route_defers_when_nothing_admits_and_demotes_once_ttft_is_lost() -> Non
     assert router.route(0, sim, 0.29) < 0 and router.route(0, sim, 0.29) != DEFER  # demoted to best effort
 
 
+def test_a_request_an_idle_host_refuses_is_demoted_at_once() -> None:
+    """An 8000-token prompt with a 300 ms TTFT at the 20 ms tier: alone in one iteration it would make its TTFT
+    (the scenario's idle-server rule), in the tier's TPOT-bounded chunks it cannot (§4.7) -- so the idle pool
+    instance refuses it, and it is demoted at once instead of pending until its TTFT is lost. A prompt the idle
+    instance admits scales it up; without an idle instance the long one pends."""
+    w = Workload.from_requests([Request(0.0, [prefill(8000, 0.3), decode(100, 0.02)]),
+                                Request(0.0, [prefill(2000, 0.3), decode(100, 0.02)])]
+                               + [Request(0.0, [prefill(4000, 0.3), decode(100, 0.02)]) for _ in range(199)])
+    sim, pol = _bound(2, w)
+    fleet, router = pol.router.core.fleet, pol.router
+    assert fleet.table.time_one(8000, 8000) < 0.3  # the prompt alone in one iteration
+    fleet.relabel(1, 0, 0.0)
+    sim.instances[1].waiting.extend(range(2, 201))  # instance 1 (20 ms tier) is full
+    fleet.observe(sim.instances[1], 0.0)
+    assert fleet.label[0] == fleet.POOL and fleet.n_res[0] == 0
+    assert router.route(0, sim, 0.0) == BEST_EFFORT
+    assert router.route(1, sim, 0.0) == 0 and fleet.label[0] == 0  # scale-up from the pool
+    sim2, pol2 = _bound(2, w)
+    fleet2 = pol2.router.core.fleet
+    for j, res in ((0, range(101, 201)), (1, range(2, 101))):
+        fleet2.relabel(j, 0, 0.0)
+        sim2.instances[j].waiting.extend(res)
+        fleet2.observe(sim2.instances[j], 0.0)
+    assert pol2.router.route(0, sim2, 0.0) == DEFER  # no idle instance: it waits
+
+
 # ---------------------------------------------------------------------------------------------- runs
 def _placements(pol: object) -> list[tuple[int, int, int, bool]]:
     """Wrap the router: record (request, instance, instance label after the decision, own tier was full)."""

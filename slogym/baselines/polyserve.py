@@ -1149,7 +1149,9 @@ class PolyServeRouter(_FleetRouter):
 
     def _pend(self, req: int, sim: "Simulator", now: float) -> int:
         """Step 4: pend, unless even an idle server could no longer meet the TTFT (then: best effort; on a
-        disaggregated cluster the idle prefill is predicted by :func:`polyserve_kernels.prefill_finish`). A
+        disaggregated cluster the idle prefill is predicted by :func:`polyserve_kernels.prefill_finish`;
+        co-located, by the prompt alone in one iteration, and by the admission itself where an idle host
+        refused it, :meth:`_refused_by_idle_host`). A
         request pends while it meets the TTFT but not its prefill deadline (:meth:`Fleet.prefill_deadline`)
         anywhere: the load may fall, and pending costs the others nothing."""
         fleet = self.core.fleet
@@ -1163,7 +1165,7 @@ class PolyServeRouter(_FleetRouter):
             end = float(first[0])
         else:
             end = now + fleet.table.time_one(prompt, prompt)
-        if end > rs.ready[req] + w.stage_ttft[rs.stage[req]]:
+        if end > rs.ready[req] + w.stage_ttft[rs.stage[req]] or self._refused_by_idle_host(req, now):
             return BEST_EFFORT
         if any(inst.n_resident for inst in sim.instances):
             return DEFER  # a finish will offer it again
@@ -1177,6 +1179,20 @@ class PolyServeRouter(_FleetRouter):
         if t < fleet.n_tiers:
             fleet.relabel(i, t, now)
         return self._commit(req, i, sim)
+
+    def _refused_by_idle_host(self, req: int, now: float) -> bool:
+        """Co-located: an idle instance that may host request ``req`` at its own tier (its tier's, the pool's or
+        the pending list's; empty, no iteration in flight) did not admit it in :meth:`_place` -- the TTFT
+        prediction of §4.7 fails even on an idle server, so waiting cannot help (the load only adds to it). The
+        prompt alone in one iteration (the check before it in :meth:`_pend`) is faster than PolyServe's
+        TPOT-bounded chunks of the tier, so without this check such a request pended until its TTFT was lost."""
+        fleet = self.core.fleet
+        t = int(fleet.rtier[req])
+        if fleet.prefill.size or t >= fleet.n_tiers or self.core.sim.rs.be[req]:
+            return False
+        lab = fleet.label
+        idle = (fleet.n_res == 0) & ((lab == t) | fleet.idle_label[lab]) & (fleet.busy_until <= now)
+        return bool(idle.any())
 
     def best_effort_instance(self, req: int, sim: "Simulator", now: float) -> int:
         """Demoted requests go to the least-loaded prefill instance (disaggregated); co-located, to the pool, else
