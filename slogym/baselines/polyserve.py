@@ -22,8 +22,9 @@ order, until one admits:
    "join the cluster serving the corresponding SLO as per the request inside"), or an idle instance of the
    best-effort pool; it is relabelled ``t``;
 4. otherwise the request pends (``DEFER``: the cluster's global queue, retried when a request finishes). Once its
-   TTFT can no longer be met even by an idle server it is demoted to best effort (served last; it counts as an SLO
-   miss) rather than left pending forever (the paper does not say; Deviation). Best-effort work belongs to the
+   TTFT can no longer be met even by an idle server (the prompt alone in one iteration, or an idle host refusing
+   it in the admission) it is demoted to best effort (served last, judged by its SLO as before) rather than left
+   pending forever (the paper does not say; Deviation). Best-effort work belongs to the
    best-effort pool (§4.3): it goes to a pool instance, else to the pending list, else to the loosest tier, and
    within that group to the highest-load instance, so the tier's last instance can still empty and return to
    the pool (:meth:`PolyServeRouter.best_effort_instance`); a demoted request's decode hand-off is routed as
