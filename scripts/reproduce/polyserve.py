@@ -243,6 +243,12 @@ def n_requests(a: argparse.Namespace, rate: float) -> int:
     return max(a.requests, int(np.ceil(rate * a.min_span)))
 
 
+def probe_requests(a: argparse.Namespace) -> int:
+    """Requests whose lengths the optimal-rate estimate reads: ``--requests``, at least 1000 (``--requests 1
+    --min-span S`` sizes every run by its span alone)."""
+    return max(a.requests, 1000)
+
+
 def report_sweep(title: str, rates: list[float], opt: float, res: dict[str, list[dict]],
                  opt_flat: float | None = None) -> dict[str, float]:
     flat = f"; {opt_flat:.2f} without prefill attention" if opt_flat is not None else ""
@@ -283,7 +289,7 @@ def report_sweep(title: str, rates: list[float], opt: float, res: dict[str, list
 def exp_goodput(a: argparse.Namespace, eng: Any) -> None:
     summary = []
     for trace in a.traces:
-        probe = workload(trace, 1.0, a.requests, a.seed, eng)
+        probe = workload(trace, 1.0, probe_requests(a), a.seed, eng)
         opt = optimal_rate(probe, eng, a.instances)
         rates = [f * opt for f in a.loads]
         res = sweep(lambda r: workload(trace, r, n_requests(a, r), a.seed, eng), eng, a.instances, rates, a.budgets,
@@ -305,7 +311,7 @@ def exp_goodput(a: argparse.Namespace, eng: Any) -> None:
 
 def exp_burst(a: argparse.Namespace, eng: Any) -> None:
     trace = "uniform-4096-1024"
-    probe = flipped(trace, 1.0, a.requests, a.seed, eng)
+    probe = flipped(trace, 1.0, probe_requests(a), a.seed, eng)
     opt = optimal_rate(probe, eng, a.instances)
     rates = [f * opt for f in a.loads]
     res = sweep(lambda r: flipped(trace, r, n_requests(a, r), a.seed, eng), eng, a.instances, rates, a.budgets,
@@ -318,7 +324,7 @@ def exp_cost(a: argparse.Namespace, eng: Any) -> None:
     trace = "azure-conv"
     print(f"\n## cost per request (instance-seconds), {trace}, attainment target {TARGET:.0%}")
     print("rate    polyserve-co (servers used, attainment)        co-chunk (servers, budget, attainment)   ratio")
-    one = optimal_rate(workload(trace, 1.0, a.requests, a.seed, eng), eng, 1)
+    one = optimal_rate(workload(trace, 1.0, probe_requests(a), a.seed, eng), eng, 1)
     for frac in a.cost_rates:
         rate = frac * one
         w = workload(trace, rate, a.requests, a.seed, eng)
@@ -351,7 +357,7 @@ def exp_servers(a: argparse.Namespace, eng: Any) -> None:
     ahead: dict[str, list[bool]] = {}
     for n in a.servers:
         t0 = time.process_time()
-        opt = optimal_rate(workload(trace, 1.0, a.requests, a.seed, eng), eng, n)
+        opt = optimal_rate(workload(trace, 1.0, probe_requests(a), a.seed, eng), eng, n)
         rates = [f * opt for f in a.loads]
         res = sweep(lambda r: workload(trace, r, n_requests(a, r), a.seed, eng), eng, n, rates, a.budgets,
                     a.policies, a.transfer)
