@@ -138,25 +138,38 @@ class Capped(SingleOrRoundRobin):
         return DEFER if sim.instances[i].n_resident >= self.cap else i
 
 
+@pytest.mark.parametrize("park", [False, True], ids=["heap", "parked"])
 @pytest.mark.parametrize("engine", [H100, TP2], ids=["h100", "70b-tp2"])
 @pytest.mark.parametrize("policy", ["sarathi", "vllm"])
-def test_pilot_equals_stepping_while_the_global_queue_waits_for_a_finish(engine, policy, monkeypatch):
+def test_pilot_equals_stepping_while_the_global_queue_waits_for_a_finish(engine, policy, park, monkeypatch):
     """Deferred requests wait for a finish anywhere; the pilot runs an instance past other instances' iteration
     ends up to the earliest time they could finish (``Simulator._earliest_finish``) and ends a finishing iteration
-    only once every other instance has caught up. Bit-identical to stepping, and the floor is used."""
+    only once every other instance has caught up. Bit-identical to stepping: with the instances on the heap, one
+    pilot call each (the floor is used), and parked, all in one compiled call (``Simulator._drain``)."""
     w = make_workload("chatbot", rate=SCENARIOS["chatbot"].default_rate * 4, n_requests=300, seed=2)
     step = _run(w, engine, policy, 3, ff=False, pilot=False, router=Capped(12))
-    extended = []
-    earliest = Simulator._earliest_finish
+    extended, drains = [], []
+    earliest, drain = Simulator._earliest_finish, Simulator._drain
 
     def spy(self):
         h = earliest(self)
-        extended.append(h > self._iter[0][0])
+        extended.append(h > self._next_end())
         return h
 
+    def count(self, *a):
+        drains.append(self._pk_id)
+        return drain(self, *a)
+
     monkeypatch.setattr(Simulator, "_earliest_finish", spy)
+    monkeypatch.setattr(Simulator, "_drain", count)
+    if not park:
+        monkeypatch.setattr(simulator_module, "_PARK_CAP", 0)
     piloted = _run(w, engine, policy, 3, ff=True, pilot=True, router=Capped(12))
-    assert piloted.pilot_iterations > 0 and any(extended), "the floor never reached past an iteration end"
+    assert piloted.pilot_iterations > 0
+    if park:
+        assert len(set(drains)) == 3, "not every instance ran parked"
+    else:
+        assert not drains and any(extended), "the floor never reached past an iteration end"
     _assert_same(step, piloted)
 
 
@@ -281,7 +294,17 @@ def test_pilot_equals_stepping_on_random_workloads(w, kv, block, seqs, budget, p
 @pytest.mark.parametrize("env_id,kw", [("slogym/Admission-v0", {}),
                                        ("slogym/Routing-v0", {"n_instances": 3, "policy": "round-robin"})])
 def test_arrival_env_rollouts_equal_with_and_without_pilot(env_id, kw, monkeypatch):
-    """Random actions (Routing-v0's include deferral to the global queue, which wakes at every finish)."""
+    """Random actions (Routing-v0's include deferral to the global queue, which wakes at every finish). On
+    Routing-v0's replicas the pilot parks them (the observation then reads the parked tables)."""
+    drains = []
+    drain = Simulator._drain
+
+    def count(self, *a):
+        drains.append(self._pk_id)
+        return drain(self, *a)
+
+    monkeypatch.setattr(Simulator, "_drain", count)
+
     def rollout() -> list:
         env = gym.make(env_id, scenario="chatbot", episode=200, seed=0, **kw).unwrapped
         env.action_space.seed(1)
@@ -295,6 +318,7 @@ def test_arrival_env_rollouts_equal_with_and_without_pilot(env_id, kw, monkeypat
         return out
 
     piloted = rollout()
+    assert (len(set(drains)) == 3) == (env_id == "slogym/Routing-v0")
     init = Simulator.__init__
     monkeypatch.setattr(simulator_module.Simulator, "__init__",
                         lambda self, *a, **k: init(self, *a, **(k | {"pilot": False})))

@@ -9,6 +9,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from slogym.core.batch import BatchFeatures
+from slogym.core.pilot import PF_BUSY as _PF_BUSY, PF_AFTER as _PF_AFTER, PF_FLOOR as _PF_FLOOR
+from slogym.core.pilot import PF_LASTDT as _PF_LASTDT, PI_FREE as _PI_FREE, PI_ITERS as _PI_ITERS
+from slogym.core.pilot import PI_NRUN as _PI_NRUN, PI_NWAIT as _PI_NWAIT, PI_SEQ as _PI_SEQ, PI_TOKENS as _PI_TOKENS
 
 if TYPE_CHECKING:
     from slogym.core.simulator import Simulator
@@ -133,6 +136,82 @@ class Instance:
         return (f"Instance({self.id}, {self.engine.name}, {self.role.name}, {self.state.name}, "
                 f"waiting={len(self.waiting)}, "
                 f"running={len(self.running)}, free_blocks={self.free_blocks}/{self.total_blocks})")
+
+
+class ParkedInstance(Instance):
+    """An instance parked by the simulator's compiled pilot (``Simulator._park``): its batch in flight, running
+    set, waiting queue and counters live in row ``id`` of the simulator's parked tables (``pilot.PI_*`` /
+    ``PF_*``), so the attributes its ``__dict__`` holds are stale. Reading a counter or ``n_resident`` reads the
+    row; ``busy`` is True (a batch is in flight); anything else, and any write, first unparks it (the simulator
+    writes the row back into the object and turns it into an :class:`Instance` again). The simulator switches
+    ``__class__`` between the two, so an instance that is not parked pays nothing for this."""
+
+    def _row(self, col: int) -> int:
+        return int(self.sim._pk_i[self.id, col])
+
+    def _frow(self, col: int) -> float:
+        return float(self.sim._pk_f[self.id, col])
+
+    def _unparked(self) -> Instance:
+        self.sim._unpark(self)
+        return self
+
+    @property  # type: ignore[override]
+    def waiting(self) -> list[int]:
+        return self._unparked().waiting
+
+    @property  # type: ignore[override]
+    def running(self) -> list[int]:
+        return self._unparked().running
+
+    @property  # type: ignore[override]
+    def inflight(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
+        return self._unparked().inflight
+
+    @property  # type: ignore[override]
+    def busy(self) -> bool:
+        return True
+
+    @property  # type: ignore[override]
+    def free_blocks(self) -> int:
+        return self._row(_PI_FREE)
+
+    @property  # type: ignore[override]
+    def iterations(self) -> int:
+        return self._row(_PI_ITERS)
+
+    @property  # type: ignore[override]
+    def tokens(self) -> int:
+        return self._row(_PI_TOKENS)
+
+    @property  # type: ignore[override]
+    def busy_time(self) -> float:
+        return self._frow(_PF_BUSY)
+
+    @property  # type: ignore[override]
+    def last_dt(self) -> float:
+        return self._frow(_PF_LASTDT)
+
+    @property  # type: ignore[override]
+    def finish_floor(self) -> tuple[int, float, float]:
+        return self._row(_PI_SEQ), self._frow(_PF_FLOOR), self._frow(_PF_AFTER)
+
+    @property
+    def n_resident(self) -> int:
+        return self._row(_PI_NWAIT) + self._row(_PI_NRUN)
+
+    def running_array(self) -> np.ndarray:
+        return self._unparked().running_array()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _PARKED_FIELDS:
+            self.sim._unpark(self)
+        object.__setattr__(self, name, value)
+
+
+_PARKED_FIELDS = frozenset(("waiting", "running", "inflight", "busy", "free_blocks", "iterations", "tokens",
+                            "busy_time", "last_dt", "finish_floor", "_running_arr"))
+"""The attributes whose truth a parked instance keeps in the simulator's tables."""
 
 
 def _iteration_floor(coef: np.ndarray | None) -> float:

@@ -17,7 +17,16 @@ plain prompt + decode (tool calls, more stages, collective groups), a waiting qu
 was given, or an iteration that ends at or after the horizon (the next event). While the cluster's global queue
 waits for a finish, the horizon is the earliest time another instance could finish a request (the floor each
 launch reports, :func:`_finish_floor`), and an iteration that may finish one is ended only in the simulator's
-heap order (before every other instance's next iteration end). Schedulers opt in with
+heap order (before every other instance's next iteration end).
+
+Parked instances: on a cluster, every busy instance has an iteration end before most arrivals, so an event loop
+calling the pilot once per instance pays the call's fixed cost (arguments, results, the heap) several times
+per arrival. A launch may instead park the instance (``Simulator._pilot``, :func:`park`): its state stays in
+table rows, off the heap, and :func:`run_parked` ends the iteration ends of every parked instance in the heap's
+order in one call, each exactly as one pilot call would (same horizon, same next-iteration-end bound). The
+simulator unparks an instance when anything else touches it (``slogym.core.instance.ParkedInstance``).
+
+Schedulers opt in with
 ``pilot_rule`` (:class:`~slogym.baselines.sarathi.SarathiScheduler`, :class:`~slogym.baselines.vllm.VLLMScheduler`),
 perf models with ``compiled_time`` (the analytic family).
 """
@@ -486,3 +495,137 @@ def _chunks(I, pre, cands, more_waiting, budget, free, max_seqs, block_size, chu
     if more_waiting and left > 0 and got < max_seqs:
         return -1
     return got
+
+
+# ====================================================================== parked instances
+# An instance whose batch in flight the pilot launched may stay "parked": its state lives in the rows of the
+# tables below (``Simulator._pk_*``) instead of its ``Instance`` object and the simulator's heap, and
+# :func:`run_parked` advances every parked instance in one compiled call. Columns of the int table ``pi`` and
+# the float table ``pf`` (one row per instance id):
+PI_ON, PI_FREE, PI_NRUN, PI_NWAIT, PI_M, PI_SEQ, PI_ITERS, PI_TOKENS, PI_BLOCK, PI_RULE, PI_BUDGET, PI_SEQS, \
+    PI_RESERVE = range(13)
+PF_TEND, PF_BUSY, PF_LASTDT, PF_FLOOR, PF_AFTER, PF_DTFLOOR = range(6)
+N_PI, N_PF = 13, 6
+
+
+@njit(**_JIT)
+def next_parked(pi, pf) -> tuple[float, int]:
+    """The earliest iteration end of a parked instance and its id (a tie goes to the lower id); (inf, -1)."""
+    t, k = np.inf, -1
+    for j in range(pi.shape[0]):
+        if pi[j, PI_ON] and (k < 0 or pf[j, PF_TEND] < t):
+            t, k = pf[j, PF_TEND], j
+    return t, k
+
+
+@njit(**_JIT)
+def parked_finish(pi, pf) -> float:
+    """The earliest time a request on a parked instance could finish (``Simulator._earliest_finish``)."""
+    h = np.inf
+    for j in range(pi.shape[0]):
+        if pi[j, PI_ON]:
+            h = min(h, max(pf[j, PF_TEND], pf[j, PF_FLOOR]))
+    return h
+
+
+@njit(**_JIT)
+def park(pi, pf, coefs, p_run, p_wait, p_req, p_tok, work, i, n_run, n_wait, m, free, seq, iterations, tokens,
+         t_end, busy_time, last_dt, floor, dt_floor, coef, block_size, rule, budget, max_seqs, reserve) -> None:
+    """Park instance ``i`` after :func:`run_instance` launched ``work[W_REQ/W_TOK, :m]``: its running set
+    (``work[W_RUN]``), whole waiting queue (``work[W_WAIT]``), counters and scheduler rule move into row ``i``."""
+    p_run[i, :n_run] = work[W_RUN, :n_run]
+    p_wait[i, :n_wait] = work[W_WAIT, :n_wait]
+    p_req[i, :m] = work[W_REQ, :m]
+    p_tok[i, :m] = work[W_TOK, :m]
+    coefs[i] = coef
+    row = pi[i]
+    row[PI_ON], row[PI_FREE], row[PI_NRUN], row[PI_NWAIT], row[PI_M], row[PI_SEQ] = 1, free, n_run, n_wait, m, seq
+    row[PI_ITERS], row[PI_TOKENS], row[PI_BLOCK], row[PI_RULE] = iterations, tokens, block_size, rule
+    row[PI_BUDGET], row[PI_SEQS], row[PI_RESERVE] = budget, max_seqs, reserve
+    f = pf[i]
+    f[PF_TEND], f[PF_BUSY], f[PF_LASTDT], f[PF_FLOOR] = t_end, busy_time, last_dt, floor
+    f[PF_AFTER], f[PF_DTFLOOR] = t_end + dt_floor, dt_floor
+
+
+@njit(**_JIT)
+def enqueue_parked(pi, pf, p_wait, i, r, cap) -> bool:
+    """``Simulator._enqueue`` of request ``r`` (no KV held) at the back of parked instance ``i``'s waiting queue;
+    False when its row is full (the simulator unparks it first)."""
+    n = pi[i, PI_NWAIT]
+    if n + pi[i, PI_NRUN] >= cap:
+        return False
+    p_wait[i, n] = r
+    pi[i, PI_NWAIT] = n + 1
+    if pf[i, PF_FLOOR] > pf[i, PF_AFTER]:  # it could finish in the instance's next iteration
+        pf[i, PF_FLOOR] = pf[i, PF_AFTER]
+    return True
+
+
+@njit(**_JIT)
+def run_parked(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_token, stage_t0, mean_slack,
+               outcome, finish, be, recomputed, n_preempt, simple, arrival, group, max_ctx, instance, stage_ptr,
+               is_dec_stage, stage_ttft, stage_tokens, stage_tpot, w_in, alpha, no_tpot, pi, pf, coefs, p_run, p_wait,
+               p_req, p_tok, work, ev_t, ti, hid, tg, ta, ef_heap, queued, seq):
+    """The simulator's event loop over the parked instances' iteration ends, each run by :func:`run_instance`'s
+    loop as ``Simulator._pilot`` would run it, in the heap's order, while the earliest comes before the heap's
+    next iteration end ``(ti, hid)`` (a tie goes to the lower id), the next cluster event ``tg`` and the next
+    arrival ``ta`` (an iteration end comes first on a tie with either). Each gets the horizon and the next other
+    iteration end ``Simulator._pilot`` would give it: the next event, and with ``queued`` (the global queue waits
+    for a finish) the earliest finish elsewhere (``ef_heap`` on the heap's instances, the floors of the other
+    parked ones).
+
+    Returns ``(code, k, t, m, n_done, n_events, iterations, seq, t_next, k_next)``: the finished requests of all of
+    them in order (``work[W_RUN, :n_done]``). ``k`` = -1 (code ``LAUNCHED``): every parked instance is past the
+    bounds. Else instance ``k`` stopped at ``t``: with a code other than ``LAUNCHED`` (its row holds the state
+    after its run; ``TRANSITIONS``: stage ends in ``work[W_FIN, :m]``) the simulator unparks it and takes over;
+    with ``LAUNCHED`` it stays parked and logged ``n_events`` preemptions (``ev_t``, ``work[W_EVR/W_EVNC]``).
+    ``(t_next, k_next)``: :func:`next_parked` after the call, except when ``k`` is to be unparked."""
+    acc = work[W_RUN]  # run_parked passes the rows of p_run to _run, so W_RUN is free to collect finishes
+    n_acc = iters_all = 0
+    t = np.inf
+    n_inst = pi.shape[0]
+    while True:
+        tk, k = next_parked(pi, pf)
+        if k < 0 or not (tk < ti or tk == ti and k < hid) or tk > tg or tk > ta:
+            return LAUNCHED, -1, t, 0, n_acc, 0, iters_all, seq, tk, k
+        horizon = min(ta, tg)
+        sync_t, sync_id, ef = ti, hid, ef_heap
+        for j in range(n_inst):
+            if j != k and pi[j, PI_ON]:
+                tj = pf[j, PF_TEND]
+                if tj < sync_t or tj == sync_t and j < sync_id:
+                    sync_t, sync_id = tj, j
+                ef = min(ef, max(tj, pf[j, PF_FLOOR]))
+        if queued:
+            horizon = min(horizon, ef)
+        row, f = pi[k], pf[k]
+        m = row[PI_M]
+        out = _run(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, first_token, stage_t0, mean_slack,
+                   outcome, finish, be, recomputed, n_preempt, simple, arrival, group, max_ctx, instance, stage_ptr,
+                   is_dec_stage, stage_ttft, stage_tokens, stage_tpot, w_in, alpha, no_tpot, p_req[k, :m],
+                   p_tok[k, :m], p_run[k], row[PI_NRUN], p_wait[k], row[PI_NWAIT], False, queued, row[PI_FREE],
+                   row[PI_BLOCK], k, row[PI_RULE], row[PI_BUDGET], row[PI_SEQS], row[PI_RESERVE], 0, 0, coefs[k], tk,
+                   horizon, sync_t, sync_id, f[PF_BUSY], work, ev_t)
+        code, t, t_end, m, n_run, n_wq, n_done, free, iters, tokens, busy_time, last_dt, n_ev = out[:13]
+        acc[n_acc:n_acc + n_done] = work[W_DONE, :n_done]
+        n_acc += n_done
+        iters_all += iters
+        row[PI_FREE], row[PI_NRUN], row[PI_NWAIT] = free, n_run, n_wq
+        row[PI_ITERS] += iters
+        row[PI_TOKENS] += tokens
+        f[PF_BUSY] = busy_time
+        row[PI_M] = m
+        if code != LAUNCHED:  # the Python path takes over (Simulator._pilot's tail)
+            if iters > 1:
+                f[PF_LASTDT] = last_dt
+            return code, k, t, m, n_acc, n_ev, iters_all, seq, np.inf, -1
+        p_req[k, :m] = work[W_REQ, :m]
+        p_tok[k, :m] = work[W_TOK, :m]
+        seq += 1
+        row[PI_SEQ] = seq
+        f[PF_TEND], f[PF_LASTDT], f[PF_AFTER] = t_end, last_dt, t_end + f[PF_DTFLOOR]
+        f[PF_FLOOR] = _finish_floor(I, stage, stage_ptr, is_dec_stage, stage_tokens, p_req[k, :m], p_tok[k, :m],
+                                    p_run[k, :n_run], n_wq > 0, t_end, f[PF_DTFLOOR])
+        if n_ev:
+            tk, k2 = next_parked(pi, pf)
+            return code, k, t, m, n_acc, n_ev, iters_all, seq, tk, k2

@@ -34,7 +34,7 @@ from slogym.core import kernels, pilot
 from slogym.core.batch import Batch, BatchFeatures
 from slogym.core.errors import SchedulerError
 from slogym.core.cluster import KVTransfer, cold_start_of
-from slogym.core.instance import Instance, InstanceState, Role
+from slogym.core.instance import Instance, InstanceState, ParkedInstance, Role
 from slogym.core.metrics import MODES, RunResult
 from slogym.core.policy import BEST_EFFORT, DEFER, REJECT, Policy
 from slogym.core.request import StageKind, Workload
@@ -51,6 +51,7 @@ _FF_MAX = 4096
 _PILOT_HEAD = 64  # waiting requests the pilot sees; it hands back to Python when it would need more
 _NONE = np.zeros(0, np.int64)
 _NO_PILOT = -1  # Simulator._pilot: the compiled pilot does not apply
+_PARK_CAP = 512  # resident requests (running + waiting) a parked instance's table rows hold
 _PILOT_REPLACES = ("on_kv_freed", "on_request_placed", "log_event", "_on_arrival", "_begin", "_route", "_place",
                    "_enqueue", "_dequeue", "_schedule", "_apply_side_actions", "_preempt", "_release", "_drop_kv",
                    "_launch", "_admit", "_transition", "_end_decode_stage", "_next_stage_after", "_done",
@@ -176,6 +177,7 @@ class Simulator:
         self._coupled = self.policy.router.coupled  # read by every _ff_horizon
         # a driver that times iterations itself (defer_timing: the vector env's batch_timing=True) sees them all
         self._pilot_on = self.pilot and not self.agent_schedule and not self.defer_timing
+        self._setup_parking()
         if self.policy.scaler is not None:
             self.add_timer(self.policy.scaler.interval, self._scaler_tick)
         yield from self._loop()
@@ -219,7 +221,7 @@ class Simulator:
         i = len(self.instances)
         inst = Instance(i, eng, self, Role(role), started_at=t, ready_at=ready, pool=int(pool))
         self.instances.append(inst)
-        self._lifecycle = True
+        self._start_lifecycle()
         self._pd |= inst.role == Role.PREFILL
         self.log_event(t, "instance_start", -1, i, int(inst.role))
         if inst.accepting:
@@ -227,13 +229,19 @@ class Simulator:
         self._push(ready, _READY, i)  # becomes ACTIVE then; deferred requests and KV hand-offs are retried
         return i
 
+    def _start_lifecycle(self) -> None:
+        """Instances may now start, stop or switch roles: the pilot steps aside (and parks no instance)."""
+        self._lifecycle = True
+        self._park_ok = False
+        self._unpark_all()
+
     def drain_instance(self, i: int) -> None:
         """Stop instance ``i`` gracefully: DRAINING (accepts nothing new) until every request resident, parked
         or arriving there is done, then STOPPED. A STARTING instance stops at once; a STOPPED one is left."""
         inst = self._instance(i)
         if inst.state == InstanceState.STOPPED:
             return
-        self._lifecycle = True
+        self._start_lifecycle()
         inst.switch_to = None
         if inst.state == InstanceState.STARTING:
             self._retire(inst, self.now)
@@ -250,7 +258,7 @@ class Simulator:
         role = Role(role)
         if inst.state == InstanceState.STOPPED:
             raise SchedulerError(f"cannot switch the role of instance {i}: it is STOPPED")
-        self._lifecycle = True
+        self._start_lifecycle()
         self._pd |= role == Role.PREFILL
         if inst.state == InstanceState.STARTING or (inst.state == InstanceState.ACTIVE and inst.empty):
             if role != inst.role:
@@ -334,6 +342,7 @@ class Simulator:
         self._glob: list[tuple[float, int, int, Any]] = []
         self._seq = 0
         self._na = 0
+        self._arrival = w.arrival
         self._ta = float(w.arrival[0]) if len(w) else INF  # arrival time of request _na (inf: none left)
         self._n_done = 0
         self.ff_iterations = 0
@@ -370,6 +379,8 @@ class Simulator:
         self._handoff_wait: list[int] = []  # prefilled requests no decode instance could take yet
         self._pilot_fin: list[int] = []  # stage ends a pilot run left to _pilot_handback
         self._offer_t = INF  # the time the global queue is being offered at (_retry_queue), else inf
+        self._park_ok = False  # instances may be parked (_setup_parking)
+        self._pk_t, self._pk_id = INF, -1  # the earliest iteration end of a parked instance, and its id
         self.kv_transfers = 0
 
     # ================================================================== event loop
@@ -383,7 +394,13 @@ class Simulator:
             ta = self._ta
             ti = it[0][0] if it else INF
             tg = gl[0][0] if gl else INF
-            if ti <= tg and ti <= ta and ti < INF:
+            tc = self._pk_t
+            if tc < INF and tc <= tg and tc <= ta and (tc < ti or tc == ti and self._pk_id < it[0][1]):
+                # a parked instance's iteration end comes next: run the parked ones compiled
+                code, inst = self._drain(ti, tg, ta)
+                if code != pilot.LAUNCHED and code != pilot.IDLE:
+                    yield from self._pilot_handback(inst, code)
+            elif ti <= tg and ti <= ta and ti < INF:
                 t, i, _ = heapq.heappop(it)
                 self.now = t
                 inst = self.instances[i]
@@ -421,7 +438,7 @@ class Simulator:
     def _arrived(self, na: int) -> None:
         """Requests before ``na`` have arrived."""
         self._na = na
-        self._ta = float(self.w.arrival[na]) if na < len(self.w) else INF
+        self._ta = float(self._arrival[na]) if na < self._arrival.size else INF
 
     def _scaler_tick(self, sim: "Simulator", t: float) -> None:
         scaler = self.policy.scaler
@@ -494,6 +511,10 @@ class Simulator:
     def _enqueue(self, inst: Instance, r: int, front: bool = False) -> None:
         """``r`` joins ``inst``'s waiting list (at the back, or the front for a preempted request), counted in
         ``n_waiting_kv`` when it holds KV there."""
+        if type(inst) is ParkedInstance and not front and self.rs.kv_blocks[r] == 0 and pilot.enqueue_parked(
+                self._pk_i, self._pk_f, self._pk_wait, inst.id, r, _PARK_CAP):
+            self.on_request_placed(r, inst)
+            return
         if front:
             inst.waiting.insert(0, r)
         else:
@@ -653,11 +674,11 @@ class Simulator:
             h = self._offer_t
         if self._glob:
             h = min(h, self._glob[0][0])
-        if not self._iter:
+        if not self._iter and self._pk_t == INF:
             return h
         if self._coupled or self._held or self._handoff_wait:
             # another instance's iteration end may wake something for this instance
-            return min(h, self._iter[0][0])
+            return min(h, self._next_end())
         if self.global_queue:  # a finish elsewhere offers the deferred requests again
             h = min(h, self._earliest_finish())
         if self._pd:
@@ -667,9 +688,18 @@ class Simulator:
             h = min(h, min((e[0] for e in self._iter if ins[e[1]].role == Role.PREFILL), default=INF))
         return h
 
+    def _next_end(self) -> float:
+        """The time of the next iteration end (on the heap or of a parked instance)."""
+        return min(self._iter[0][0], self._pk_t) if self._iter else self._pk_t
+
     def _earliest_finish(self) -> float:
         """Earliest time a request on an instance with an iteration in flight could finish: its iteration's end,
         or later where the pilot launched that iteration and bounded it (``Instance.finish_floor``)."""
+        h = self._heap_finish()
+        return min(h, pilot.parked_finish(self._pk_i, self._pk_f)) if self._pk_t < INF else h
+
+    def _heap_finish(self) -> float:
+        """:meth:`_earliest_finish` over the instances on the heap (not parked)."""
         ins = self.instances
         h = INF
         for t, i, seq in self._iter:
@@ -786,7 +816,10 @@ class Simulator:
         With ``start``, ``inst`` is free at ``t`` with nothing in flight (:meth:`_schedule`): the pilot ends an
         empty batch (not counted) and, with ``t`` as its horizon, forms and launches one batch as the scheduler
         would (``LAUNCHED``), finds nothing to run (``IDLE``), or leaves the decision to the scheduler
-        (``SCHEDULE``)."""
+        (``SCHEDULE``).
+
+        Where parking is on (:meth:`_setup_parking`), a launch parks the instance instead of putting it on the
+        heap: its later iteration ends run in :meth:`_drain`."""
         idx, tok, spec = (_NONE, _NONE, None) if start else inst.inflight
         if (inst.time_coef is None or spec is not None or inst.role != Role.COLOCATED or self._lifecycle
                 or inst.n_waiting_kv):
@@ -802,6 +835,8 @@ class Simulator:
         absorb = not (start or self.agent_route or self.global_queue) and router.pilot_target(self) == inst.id
         horizon = t if start else self._ff_horizon(arrivals=not absorb)
         sync_t, sync_id = self._iter[0][:2] if self._iter else (INF, 0)  # the next iteration end elsewhere
+        if self._pk_t < sync_t or self._pk_t == sync_t and self._pk_id < sync_id:
+            sync_t, sync_id = self._pk_t, self._pk_id
         (code, t, t_end, m, n_run, n_wait, n_done, inst.free_blocks, iters, tokens, busy, last_dt, n_ev, na, n_app,
          run_changed, same, floor) = pilot.run_instance(
             *self._pilot_args, idx, tok, inst.running_array(), head, work, ev_t, inst.time_coef,
@@ -812,10 +847,26 @@ class Simulator:
             router.pilot_routed(na - self._na)
             self.pilot_arrivals += na - self._na
             self._arrived(na)
-        inst.inflight = None
         iters -= start  # the empty batch it ended first
-        inst.iterations += iters
         self.pilot_iterations += iters
+        if n_done:
+            self._pilot_done(work[pilot.W_DONE, :n_done].tolist())
+        if n_ev:
+            self._log_preemptions(inst.id, n_ev)
+        self.now = t
+        if (code == pilot.LAUNCHED and self._park_ok and not absorb and len(waiting) <= _PILOT_HEAD
+                and n_run + n_wait < _PARK_CAP and not (self._held or self._handoff_wait)):
+            self._seq += 1
+            pilot.park(self._pk_i, self._pk_f, self._pk_coef, self._pk_run, self._pk_wait, self._pk_req, self._pk_tok,
+                       work, inst.id, n_run, n_wait, m, inst.free_blocks, self._seq, inst.iterations + iters,
+                       inst.tokens + tokens, t_end, busy, last_dt, floor, inst.dt_floor, inst.time_coef,
+                       inst.block_size, *rule)
+            inst.__class__ = ParkedInstance
+            if t_end < self._pk_t or t_end == self._pk_t and inst.id < self._pk_id:
+                self._pk_t, self._pk_id = t_end, inst.id
+            return code
+        inst.inflight = None
+        inst.iterations += iters
         inst.tokens += tokens
         inst.busy_time = busy
         if n_wait != head.size or n_ev or absorb:
@@ -824,12 +875,6 @@ class Simulator:
             waiting.extend(work[pilot.W_APP, :n_app].tolist())
         if run_changed:
             inst.set_running(work[pilot.W_RUN, :n_run])
-        if n_done:
-            self._pilot_done(work[pilot.W_DONE, :n_done].tolist())
-        if n_ev:
-            self.events.extend((te, "preempt", r, inst.id, nc) for te, r, nc in zip(
-                ev_t[:n_ev].tolist(), work[pilot.W_EVR, :n_ev].tolist(), work[pilot.W_EVNC, :n_ev].tolist()))
-        self.now = t
         if code == pilot.LAUNCHED:  # still busy, with the next batch
             inst.last_dt = last_dt
             inst.inflight = (idx, tok, None) if same else (work[pilot.W_REQ, :m].copy(), work[pilot.W_TOK, :m].copy(),
@@ -845,6 +890,101 @@ class Simulator:
         else:
             inst.busy = False
         return code
+
+    def _log_preemptions(self, i: int, n_ev: int) -> None:
+        """The preemptions a pilot run on instance ``i`` logged (``ev_t``, ``work[W_EVR/W_EVNC]``)."""
+        work, ev_t = self._pilot_io
+        self.events.extend((te, "preempt", r, i, nc) for te, r, nc in zip(
+            ev_t[:n_ev].tolist(), work[pilot.W_EVR, :n_ev].tolist(), work[pilot.W_EVNC, :n_ev].tolist()))
+
+    # ------------------------------------------------------------------ parked instances
+    def _setup_parking(self) -> None:
+        """Whether the pilot may park instances (:class:`~slogym.core.instance.ParkedInstance`) this run, and
+        their tables. Parking keeps an instance's state in compiled tables between its iteration ends, so the
+        iteration ends of every parked instance run in one compiled call (:meth:`_drain`). Off where the
+        horizon of an instance depends on more than the next event and the earliest finish (a coupled router,
+        P/D hand-offs, a scaler's lifecycle), where the router's pilot target places arrivals compiled (one
+        instance), and where instances' perf models differ in shape."""
+        insts = self.instances
+        sizes = {i.time_coef.size for i in insts if i.time_coef is not None}
+        self._park_ok = (self._pilot_on and len(insts) > 1 and len(sizes) == 1 and not self._coupled
+                         and self.policy.scaler is None and not self._pd and not self._lifecycle
+                         and self.policy.router.pilot_target(self) < 0)
+        n, cap = len(insts), _PARK_CAP if self._park_ok else 0
+        self._pk_i = np.zeros((n, pilot.N_PI), np.int64)
+        self._pk_f = np.zeros((n, pilot.N_PF))
+        self._pk_coef = np.zeros((n, max(sizes, default=0)))
+        self._pk_run, self._pk_wait, self._pk_req, self._pk_tok = (np.zeros((n, cap), np.int64) for _ in range(4))
+
+    def _drain(self, ti: float, tg: float, ta: float) -> tuple[int, Instance | None]:
+        """Run the parked instances' iteration ends that come before the heap's next one (``ti``), the next
+        cluster event (``tg``) and the next arrival (``ta``), in one compiled call (:func:`pilot.run_parked`),
+        exactly as the event loop would end them one by one through :meth:`_pilot`. Returns the code of the last
+        one and, when it is not ``LAUNCHED``, that instance, unparked, for :meth:`_pilot_handback`."""
+        if self._held or self._handoff_wait:  # horizons then depend on every iteration end: the heap decides
+            self._unpark_all()
+            return pilot.LAUNCHED, None
+        work, ev_t = self._pilot_io
+        hid = self._iter[0][1] if self._iter else 0
+        queued = bool(self.global_queue)
+        code, k, t, m, n_done, n_ev, iters, self._seq, tn, kn = pilot.run_parked(
+            *self._pilot_args, self._pk_i, self._pk_f, self._pk_coef, self._pk_run, self._pk_wait, self._pk_req,
+            self._pk_tok, work, ev_t, ti, hid, tg, ta, self._heap_finish() if queued else INF, queued, self._seq)
+        self.pilot_iterations += iters
+        if n_done:
+            self._pilot_done(work[pilot.W_RUN, :n_done].tolist())
+        if code == pilot.LAUNCHED:
+            self._pk_t, self._pk_id = tn, kn
+            if k < 0:
+                return code, None
+        self.now = t
+        if n_ev:
+            self._log_preemptions(k, n_ev)
+        if code == pilot.LAUNCHED:
+            return code, None
+        inst = self.instances[k]
+        self._unpark(inst, code)
+        if code == pilot.TRANSITIONS:  # busy until _pilot_handback has applied them
+            self._pilot_fin = work[pilot.W_FIN, :m].tolist()
+        return code, inst
+
+    def _unpark(self, inst: Instance, code: int = pilot.LAUNCHED) -> None:
+        """Write parked ``inst``'s row back into it: with ``LAUNCHED`` its batch is still in flight (it goes on
+        the heap), else its run ended with ``code`` (``TRANSITIONS``: busy until the stage ends are applied)."""
+        i = inst.id
+        _, free, n_run, n_wait, m, seq, iters, tokens, *_ = self._pk_i[i].tolist()
+        t_end, busy_time, last_dt, floor, after, _ = self._pk_f[i].tolist()
+        self._pk_i[i, pilot.PI_ON] = 0
+        inst.__class__ = Instance
+        inst.waiting[:] = self._pk_wait[i, :n_wait].tolist()
+        inst.set_running(self._pk_run[i, :n_run])
+        inst.free_blocks, inst.iterations, inst.tokens, inst.busy_time, inst.last_dt = (free, iters, tokens,
+                                                                                        busy_time, last_dt)
+        if code == pilot.LAUNCHED:
+            inst.inflight = (self._pk_req[i, :m].copy(), self._pk_tok[i, :m].copy(), None)
+            inst.busy = True
+            heapq.heappush(self._iter, (t_end, i, seq))
+            inst.finish_floor = (seq, floor, after)
+        else:
+            inst.inflight = None
+            inst.busy = code == pilot.TRANSITIONS
+        if i == self._pk_id:
+            self._pk_t, self._pk_id = pilot.next_parked(self._pk_i, self._pk_f)
+
+    def free_blocks(self) -> np.ndarray:
+        """Free KV blocks of every instance, in order (a parked instance's from its table row, unparking none)."""
+        if self._pk_t == INF:
+            return np.array([i.free_blocks for i in self.instances], np.int64)
+        free = self._pk_i[:, pilot.PI_FREE].copy()
+        for i in self.instances:
+            if type(i) is not ParkedInstance:
+                free[i.id] = i.free_blocks
+        return free
+
+    def _unpark_all(self) -> None:
+        for inst in self.instances:
+            if type(inst) is ParkedInstance:
+                self._unpark(inst)
 
     def _pilot_handback(self, inst: Instance, code: int) -> _Gen:
         """The rest of an iteration end the pilot handed back at ``self.now``, in Python: the stage ends it left
@@ -1178,6 +1318,7 @@ class Simulator:
     # ================================================================== end of run
     def _finalize(self) -> None:
         """Requests the run could not finish get outcome ``dropped`` with a counted reason (never silent)."""
+        self._unpark_all()
         rs = self.rs
         reasons = {Status.WAITING: "never_scheduled", Status.RUNNING: "stalled", Status.QUEUED: "deferred_at_end",
                    Status.HELD: "group_never_released", Status.PENDING: "never_arrived",

@@ -386,7 +386,7 @@ class ServingEnv(gym.Env):
             self._pos = np.zeros(2 * len(insts), np.int64)
             if self._memo_t.size < len(insts):
                 self._grow_tables()
-        shape[2::6] = [i.free_blocks for i in insts]
+        shape[2::6] = sim.free_blocks()
         rs = sim.rs
         self._lo, n_wait, n_run = kernels.resident(rs.status, rs.I, self._lo, sim._na, SCAN_MAX, DONE, WAITING,
                                                    RUNNING, shape, self._wait_buf, self._run_buf, self._pos)
