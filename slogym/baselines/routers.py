@@ -37,14 +37,12 @@ class RandomRouter(Router):
 
 
 def outstanding_tokens(sim: Simulator) -> np.ndarray:
-    """Per instance: KV tokens in use plus prompt tokens still waiting to be computed."""
-    rs = sim.rs
-    out = np.empty(len(sim.instances), dtype=np.int64)
-    for i, inst in enumerate(sim.instances):
-        used = (inst.total_blocks - inst.free_blocks) * inst.block_size
-        waiting = int((rs.num_tokens[inst.waiting] - rs.num_computed[inst.waiting]).sum()) if inst.waiting else 0
-        out[i] = used + waiting
-    return out
+    """Per instance: KV tokens in use plus prompt tokens still waiting to be computed (read without unparking
+    an instance: ``Simulator.free_blocks`` / ``waiting_tokens``)."""
+    insts = sim.instances
+    total = np.array([i.total_blocks for i in insts], np.int64)
+    block = np.array([i.block_size for i in insts], np.int64)
+    return (total - sim.free_blocks()) * block + sim.waiting_tokens()
 
 
 class LeastLoadRouter(Router):

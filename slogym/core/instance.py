@@ -139,12 +139,14 @@ class Instance:
 
 
 class ParkedInstance(Instance):
-    """An instance parked by the simulator's compiled pilot (``Simulator._park``): its batch in flight, running
-    set, waiting queue and counters live in row ``id`` of the simulator's parked tables (``pilot.PI_*`` /
-    ``PF_*``), so the attributes its ``__dict__`` holds are stale. Reading a counter or ``n_resident`` reads the
-    row; ``busy`` is True (a batch is in flight); anything else, and any write, first unparks it (the simulator
-    writes the row back into the object and turns it into an :class:`Instance` again). The simulator switches
-    ``__class__`` between the two, so an instance that is not parked pays nothing for this."""
+    """An instance parked by the simulator's compiled pilot (``Simulator._pilot``, ``pilot.park``): its batch in
+    flight, running set, waiting queue and counters live in row ``id`` of the simulator's parked tables
+    (``pilot.PI_*`` / ``PF_*``), so those attributes in its ``__dict__`` (``_PARKED_FIELDS``) are stale. Reading
+    a counter, ``free_blocks``, ``finish_floor`` or ``n_resident`` reads the row; ``busy`` is True (a batch is in
+    flight); reading the lists or ``inflight``, or writing any of those attributes, first unparks it (the
+    simulator writes the row back into the object and turns it into an :class:`Instance` again). Its other
+    attributes (role, lifecycle state, ...) are not parked. The simulator switches ``__class__`` between the
+    two, so an instance that is not parked pays nothing for this."""
 
     def _row(self, col: int) -> int:
         return int(self.sim._pk_i[self.id, col])

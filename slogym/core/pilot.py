@@ -509,13 +509,32 @@ N_PI, N_PF = 13, 6
 
 
 @njit(**_JIT)
+def precedes(t, i, t2, i2) -> bool:
+    """Iteration end ``(t, i)`` comes before ``(t2, i2)`` in the simulator's heap order (a tie in time goes to the
+    lower instance id)."""
+    return t < t2 or t == t2 and i < i2
+
+
+@njit(**_JIT)
 def next_parked(pi, pf) -> tuple[float, int]:
-    """The earliest iteration end of a parked instance and its id (a tie goes to the lower id); (inf, -1)."""
+    """The earliest iteration end of a parked instance and its id; (inf, -1) when none is parked."""
     t, k = np.inf, -1
     for j in range(pi.shape[0]):
-        if pi[j, PI_ON] and (k < 0 or pf[j, PF_TEND] < t):
+        if pi[j, PI_ON] and (k < 0 or precedes(pf[j, PF_TEND], j, t, k)):
             t, k = pf[j, PF_TEND], j
     return t, k
+
+
+@njit(**_JIT)
+def parked_waiting_tokens(pi, p_wait, I, out) -> None:
+    """``out[i]`` = tokens the waiting requests of parked instance ``i`` have yet to compute."""
+    for i in range(pi.shape[0]):
+        if pi[i, PI_ON]:
+            n = 0
+            for j in range(pi[i, PI_NWAIT]):
+                r = p_wait[i, j]
+                n += I[r, I_NT] - I[r, I_NC]
+            out[i] = n
 
 
 @njit(**_JIT)
@@ -586,14 +605,14 @@ def run_parked(F, I, status, first_scheduled, stage, ready, ttft_slack, sg_in, f
     n_inst = pi.shape[0]
     while True:
         tk, k = next_parked(pi, pf)
-        if k < 0 or not (tk < ti or tk == ti and k < hid) or tk > tg or tk > ta:
+        if k < 0 or not precedes(tk, k, ti, hid) or tk > tg or tk > ta:
             return LAUNCHED, -1, t, 0, n_acc, 0, iters_all, seq, tk, k
         horizon = min(ta, tg)
         sync_t, sync_id, ef = ti, hid, ef_heap
         for j in range(n_inst):
             if j != k and pi[j, PI_ON]:
                 tj = pf[j, PF_TEND]
-                if tj < sync_t or tj == sync_t and j < sync_id:
+                if precedes(tj, j, sync_t, sync_id):
                     sync_t, sync_id = tj, j
                 ef = min(ef, max(tj, pf[j, PF_FLOOR]))
         if queued:

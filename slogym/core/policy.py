@@ -101,7 +101,9 @@ class Scheduler(ABC):
         fits above it, -1 turning that check off) on ``inst``, so the simulator may run its iterations
         compiled; None (the default) keeps every decision in ``next_batch``. A scheduler with a rule never
         speculates (no draft tokens): the pilot's lower bound on an iteration's duration, from which the simulator
-        bounds the earliest finish (``Instance.dt_floor``), counts one token per decode step."""
+        bounds the earliest finish (``Instance.dt_floor``), counts one token per decode step. The rule must not
+        change while the instance is busy: a parked instance keeps the rule it was parked with
+        (``Simulator._setup_parking``)."""
         return None
 
 

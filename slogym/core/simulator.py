@@ -395,8 +395,8 @@ class Simulator:
             ti = it[0][0] if it else INF
             tg = gl[0][0] if gl else INF
             tc = self._pk_t
+            # a parked instance's iteration end comes next (heap order: a tie in time goes to the lower id)
             if tc < INF and tc <= tg and tc <= ta and (tc < ti or tc == ti and self._pk_id < it[0][1]):
-                # a parked instance's iteration end comes next: run the parked ones compiled
                 code, inst = self._drain(ti, tg, ta)
                 if code != pilot.LAUNCHED and code != pilot.IDLE:
                     yield from self._pilot_handback(inst, code)
@@ -835,7 +835,7 @@ class Simulator:
         absorb = not (start or self.agent_route or self.global_queue) and router.pilot_target(self) == inst.id
         horizon = t if start else self._ff_horizon(arrivals=not absorb)
         sync_t, sync_id = self._iter[0][:2] if self._iter else (INF, 0)  # the next iteration end elsewhere
-        if self._pk_t < sync_t or self._pk_t == sync_t and self._pk_id < sync_id:
+        if (self._pk_t, self._pk_id) < (sync_t, sync_id):
             sync_t, sync_id = self._pk_t, self._pk_id
         (code, t, t_end, m, n_run, n_wait, n_done, inst.free_blocks, iters, tokens, busy, last_dt, n_ev, na, n_app,
          run_changed, same, floor) = pilot.run_instance(
@@ -862,7 +862,7 @@ class Simulator:
                        inst.tokens + tokens, t_end, busy, last_dt, floor, inst.dt_floor, inst.time_coef,
                        inst.block_size, *rule)
             inst.__class__ = ParkedInstance
-            if t_end < self._pk_t or t_end == self._pk_t and inst.id < self._pk_id:
+            if (t_end, inst.id) < (self._pk_t, self._pk_id):
                 self._pk_t, self._pk_id = t_end, inst.id
             return code
         inst.inflight = None
@@ -933,17 +933,16 @@ class Simulator:
         self.pilot_iterations += iters
         if n_done:
             self._pilot_done(work[pilot.W_RUN, :n_done].tolist())
-        if code == pilot.LAUNCHED:
-            self._pk_t, self._pk_id = tn, kn
-            if k < 0:
-                return code, None
-        self.now = t
+        if t < INF:  # the time the last instance it ran stopped at, as after that instance's _pilot call
+            self.now = t
         if n_ev:
             self._log_preemptions(k, n_ev)
         if code == pilot.LAUNCHED:
+            self._pk_t, self._pk_id = tn, kn
             return code, None
         inst = self.instances[k]
         self._unpark(inst, code)
+        self._pk_t, self._pk_id = pilot.next_parked(self._pk_i, self._pk_f)
         if code == pilot.TRANSITIONS:  # busy until _pilot_handback has applied them
             self._pilot_fin = work[pilot.W_FIN, :m].tolist()
         return code, inst
@@ -972,7 +971,8 @@ class Simulator:
             self._pk_t, self._pk_id = pilot.next_parked(self._pk_i, self._pk_f)
 
     def free_blocks(self) -> np.ndarray:
-        """Free KV blocks of every instance, in order (a parked instance's from its table row, unparking none)."""
+        """Free KV blocks of every instance, in order; unlike reading ``Instance.free_blocks`` one by one, a
+        parked instance's come from its table row in bulk."""
         if self._pk_t == INF:
             return np.array([i.free_blocks for i in self.instances], np.int64)
         free = self._pk_i[:, pilot.PI_FREE].copy()
@@ -981,7 +981,21 @@ class Simulator:
                 free[i.id] = i.free_blocks
         return free
 
+    def waiting_tokens(self) -> np.ndarray:
+        """Per instance, in order: tokens its waiting requests have yet to compute (prompts, recomputation), read
+        without unparking an instance (reading ``Instance.waiting`` would)."""
+        rs = self.rs
+        out = np.zeros(len(self.instances), np.int64)
+        if self._pk_t < INF:
+            pilot.parked_waiting_tokens(self._pk_i, self._pk_wait, rs.I, out)
+        for inst in self.instances:
+            if type(inst) is not ParkedInstance and inst.waiting:
+                w = inst.waiting
+                out[inst.id] = int((rs.num_tokens[w] - rs.num_computed[w]).sum())
+        return out
+
     def _unpark_all(self) -> None:
+        """Unpark every parked instance (its batch in flight goes on the heap)."""
         for inst in self.instances:
             if type(inst) is ParkedInstance:
                 self._unpark(inst)
@@ -1320,6 +1334,11 @@ class Simulator:
         """Requests the run could not finish get outcome ``dropped`` with a counted reason (never silent)."""
         self._unpark_all()
         rs = self.rs
+        # the pilot runs instances ahead of one another, so the last one it ran may have stopped before a finish
+        # another reached: the run ends at the latest time stepping would have reached
+        done = rs.finish[~np.isnan(rs.finish)]
+        if done.size:
+            self.now = max(self.now, float(done.max()))
         reasons = {Status.WAITING: "never_scheduled", Status.RUNNING: "stalled", Status.QUEUED: "deferred_at_end",
                    Status.HELD: "group_never_released", Status.PENDING: "never_arrived",
                    Status.EXTERNAL: "external_at_end", Status.TRANSFER: "transfer_at_end"}
