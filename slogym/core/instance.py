@@ -138,6 +138,19 @@ class Instance:
                 f"running={len(self.running)}, free_blocks={self.free_blocks}/{self.total_blocks})")
 
 
+def _unparking(name: str) -> Any:
+    """A :class:`ParkedInstance` attribute that unparks the instance, then reads its own."""
+    return property(lambda self: getattr(self._unparked(), name))
+
+
+def _from_row(col: int, floats: bool = False) -> Any:
+    """A :class:`ParkedInstance` attribute read from its row of the simulator's parked tables (``pilot.PF_*``
+    columns with ``floats``, else ``pilot.PI_*``)."""
+    if floats:
+        return property(lambda self: float(self.sim._pk_f[self.id, col]))
+    return property(lambda self: int(self.sim._pk_i[self.id, col]))
+
+
 class ParkedInstance(Instance):
     """An instance parked by the simulator's compiled pilot (``Simulator._pilot``, ``pilot.park``): its batch in
     flight, running set, waiting queue and counters live in row ``id`` of the simulator's parked tables
@@ -148,59 +161,30 @@ class ParkedInstance(Instance):
     attributes (role, lifecycle state, ...) are not parked. The simulator switches ``__class__`` between the
     two, so an instance that is not parked pays nothing for this."""
 
-    def _row(self, col: int) -> int:
-        return int(self.sim._pk_i[self.id, col])
-
-    def _frow(self, col: int) -> float:
-        return float(self.sim._pk_f[self.id, col])
-
     def _unparked(self) -> Instance:
         self.sim._unpark(self)
         return self
 
-    @property  # type: ignore[override]
-    def waiting(self) -> list[int]:
-        return self._unparked().waiting
+    # what a parked instance answers: its lists and batch after unparking; counters from its table row
+    waiting = _unparking("waiting")
+    running = _unparking("running")
+    inflight = _unparking("inflight")
+    busy = property(lambda self: True)  # a batch is in flight
+    free_blocks = _from_row(_PI_FREE)
+    iterations = _from_row(_PI_ITERS)
+    tokens = _from_row(_PI_TOKENS)
+    busy_time = _from_row(_PF_BUSY, floats=True)
+    last_dt = _from_row(_PF_LASTDT, floats=True)
 
-    @property  # type: ignore[override]
-    def running(self) -> list[int]:
-        return self._unparked().running
-
-    @property  # type: ignore[override]
-    def inflight(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
-        return self._unparked().inflight
-
-    @property  # type: ignore[override]
-    def busy(self) -> bool:
-        return True
-
-    @property  # type: ignore[override]
-    def free_blocks(self) -> int:
-        return self._row(_PI_FREE)
-
-    @property  # type: ignore[override]
-    def iterations(self) -> int:
-        return self._row(_PI_ITERS)
-
-    @property  # type: ignore[override]
-    def tokens(self) -> int:
-        return self._row(_PI_TOKENS)
-
-    @property  # type: ignore[override]
-    def busy_time(self) -> float:
-        return self._frow(_PF_BUSY)
-
-    @property  # type: ignore[override]
-    def last_dt(self) -> float:
-        return self._frow(_PF_LASTDT)
-
-    @property  # type: ignore[override]
-    def finish_floor(self) -> tuple[int, float, float]:
-        return self._row(_PI_SEQ), self._frow(_PF_FLOOR), self._frow(_PF_AFTER)
+    @property
+    def finish_floor(self) -> tuple[int, float, float]:  # type: ignore[override]
+        f = self.sim._pk_f[self.id]
+        return int(self.sim._pk_i[self.id, _PI_SEQ]), float(f[_PF_FLOOR]), float(f[_PF_AFTER])
 
     @property
     def n_resident(self) -> int:
-        return self._row(_PI_NWAIT) + self._row(_PI_NRUN)
+        row = self.sim._pk_i[self.id]
+        return int(row[_PI_NWAIT] + row[_PI_NRUN])
 
     def running_array(self) -> np.ndarray:
         return self._unparked().running_array()
