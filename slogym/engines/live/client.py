@@ -113,7 +113,7 @@ class EngineConfig:
     ``rt_priority`` > 0 runs the engine thread under the real-time policy ``SCHED_FIFO`` at that priority
     after start-up (needs root or ``CAP_SYS_NICE``; refused: ``EngineError``): no ordinary process can preempt
     it inside a step, which on the shared 2-core machine took the spread of identical steps from 3.7-5.0 to
-    3.0-3.2 % (``norm``, load average 7-9; ``scripts/step_noise.py``, docs/live_engine.md "Noise sources").
+    3.0-3.2 % (``norm``, load average 7-10; ``scripts/step_noise.py``, docs/live_engine.md "Scheduling the engine thread").
     It holds one core for as long as a step runs (the engine still blocks between steps; the kernel's RT
     throttling leaves others 5 % of that core in any case). ``gc_in_step=False`` disables Python's garbage
     collector inside the step (a diagnosis knob: no measurable effect). The worker raises oneDNN's primitive cache (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``,
