@@ -23,7 +23,7 @@ $(VENV)/.rl: pyproject.toml $(VENV)/.core
 	touch $@
 
 $(VENV)/.dev: pyproject.toml $(VENV)/.rl
-	$(PIP) -e ".[dev,rl,ray]"
+	$(PIP) -e ".[dev,rl,ray,rllib]"
 	touch $@
 
 run: $(VENV)/.rl

@@ -7,7 +7,8 @@ samples in the driver process (local mode). On a laptop:
     python agents/rllib_ppo.py --iterations 5 --env-runners 2
     python agents/rllib_ppo.py --address auto ...     # on a running Ray cluster
 
-Install with ``pip install "ray[rllib]"`` in an environment of its own: RLlib pins its Gymnasium version.
+Install with ``pip install -e ".[rllib]"`` (``make test`` does): ray plus the modules RLlib imports.
+``ray[rllib]`` itself would pin an older Gymnasium than slogym's.
 """
 
 from __future__ import annotations

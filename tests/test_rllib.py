@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("ray.rllib", reason="ray[rllib] is not installed (optional; it pins gymnasium==1.2.x)")
+pytest.importorskip("ray.rllib", reason="RLlib is not importable (install the rllib extra: pip install -e '.[rllib]')")
 
 ROOT = Path(__file__).resolve().parents[1]
 
