@@ -99,8 +99,8 @@ class EngineConfig:
     the engine process's scheduling priority. ``timing`` is what an iteration's duration is: ``wall`` (the
     elapsed time of the engine step), ``cpu`` (the CPU time of the engine thread during the step with
     ``threads=1``, of the engine process otherwise -- on a shared, oversubscribed machine the time the step
-    would take on a dedicated core, without the periods the OS ran other work) or ``norm`` (that CPU time scaled to the machine's quiet speed
-    by a reference loop timed right before and after every step, :class:`~slogym.engines.live.worker.
+    would take on a dedicated core, without the periods the OS ran other work) or ``norm`` (that CPU time scaled
+    to the machine's quiet speed by a reference loop timed right before and after every step, :class:`~slogym.engines.live.worker.
     SpeedReference`: removes the slow drift of CPU time with other tenants' load; ``ref_reps`` passes of the
     kernel per sample, the factor from the geometric mean of the last ``ref_window`` samples -- this step's two
     and the previous step's; ~0.6 ms of extra wall time per step for hidden 256, not counted; ``ref_hidden``:
@@ -113,11 +113,12 @@ class EngineConfig:
     ``rt_priority`` > 0 runs the engine thread under the real-time policy ``SCHED_FIFO`` at that priority
     after start-up (needs root or ``CAP_SYS_NICE``; refused: ``EngineError``): no ordinary process can preempt
     it inside a step, which on the shared 2-core machine took the spread of identical steps from 3.7-5.0 to
-    3.0-3.2 % (``norm``, load average 7-10; ``scripts/step_noise.py``, docs/live_engine.md "Scheduling the engine thread").
+    3.0-3.2 % (``norm``, load average 7-10; ``scripts/step_noise.py``, docs/live_engine.md "Scheduling the
+    engine thread").
     It holds one core for as long as a step runs (the engine still blocks between steps; the kernel's RT
     throttling leaves others 5 % of that core in any case). ``gc_in_step=False`` disables Python's garbage
-    collector inside the step (a diagnosis knob: no measurable effect). The worker raises oneDNN's primitive cache (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``,
-    default 8192 here, 1024 in oneDNN) so that a warmed-up engine keeps every GEMM shape it has seen.
+    collector inside the step (a diagnosis knob: no measurable effect). The worker raises oneDNN's primitive
+    cache (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, default 8192 here, 1024 in oneDNN) so that a warmed-up engine keeps every GEMM shape it has seen.
     """
 
     model: str
@@ -194,7 +195,8 @@ class VLLMEngine:
         self.iterations = 0
         cfg = {k: getattr(config, k) for k in ("model", "block_size", "num_blocks", "max_num_seqs",
                                                "max_num_batched_tokens", "max_model_len", "dtype", "seed",
-                                               "threads", "nice", "timing", "ref_reps", "ref_window", "gc_in_step", "rt_priority")}
+                                               "threads", "nice", "timing", "ref_reps", "ref_window", "gc_in_step",
+                                               "rt_priority")}
         cfg["ref_hidden"] = config.ref_hidden or model_hidden(config.model)
         self.info = self._call({"cmd": "init", **cfg}, config.init_timeout, "start-up")
         if int(self.info["num_blocks"]) != config.num_blocks:
