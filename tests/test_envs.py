@@ -107,7 +107,13 @@ def test_masks_exclude_exactly_the_requests_no_instance_can_hold():
 @pytest.mark.parametrize("env_id,kw,bad", [("slogym/Admission-v0", {}, 3), ("slogym/Routing-v0", {}, -1),
                                            ("slogym/Batching-v0", {"K": 4}, np.full(5, 2.0)),
                                            ("slogym/Batching-v0", {"K": 4}, np.full(5, np.nan)),
-                                           ("slogym/Batching-v0", {"K": 4}, np.zeros(3))])
+                                           ("slogym/Batching-v0", {"K": 4}, np.zeros(3)),
+                                           ("slogym/Batching-v0", {"K": 4}, np.zeros((1, 5))),
+                                           ("slogym/Admission-v0", {}, 1.5), ("slogym/Admission-v0", {}, 1.0),
+                                           ("slogym/Admission-v0", {}, np.nan), ("slogym/Admission-v0", {}, None),
+                                           ("slogym/Admission-v0", {}, "0"), ("slogym/Admission-v0", {}, True),
+                                           ("slogym/Routing-v0", {}, np.array([0, 1])),
+                                           ("slogym/Routing-v0", {}, np.array([0.0]))])
 def test_invalid_actions_raise_with_space_and_value(env_id, kw, bad):
     env = gym.make(env_id, **SMALL, **kw)
     env.reset(seed=0)
@@ -295,3 +301,72 @@ def test_a_policy_that_resizes_the_cluster_stops_the_arrival_env_with_a_clear_er
         for _ in range(300):
             assert env.action_masks().size == 3
             env.step(env.expert_action())
+
+
+def test_time_episodes_of_bursty_arrivals_always_hold_requests():
+    """The ``code`` arrival pattern has silences longer than a 2 s episode: such windows are drawn again."""
+    env = gym.make("slogym/Admission-v0", scenario="coder", episode=2.0, seed=0).unwrapped
+    for seed in range(40):
+        env.reset(seed=seed)
+        assert len(env.sim.w) >= 1 and env.sim.w.arrival[-1] - env.sim.w.arrival[0] < 2.0
+
+
+def test_batching_empty_batch_asks_again_after_idle_wait_and_an_agent_that_never_schedules_still_ends():
+    env = gym.make("slogym/Batching-v0", **SMALL, K=256, idle_wait=0.05, stall_timeout=1.0).unwrapped
+    env.reset(seed=0)
+    skip = np.full(257, -0.5, np.float32)
+    for _ in range(30):  # the instance holds requests: each empty batch is followed by a decision <= 0.05 s later
+        t = env.sim.now
+        _, _, done, _, info = env.step(skip)
+        assert not done and info["time"] <= t + 0.05 + 1e-9
+    # following vLLM from here on, nothing is lost to the skips
+    _, info = play(env, lambda e: e.expert_action("vllm"))
+    assert sum(info["summary"]["dropped_reasons"].values()) == 0
+    # skipping everything after the last arrival used to end the episode at once, dropping every resident request
+    env.reset(seed=0)
+    while env.sim._na < len(env.sim.w):
+        env.step(env.expert_action("vllm"))
+    env.step(skip)
+    _, info = play(env, lambda e: e.expert_action("vllm"))
+    assert sum(info["summary"]["dropped_reasons"].values()) == 0
+    # an agent that never schedules: re-asked for stall_timeout s per idle spell, then the episode ends
+    env.reset(seed=0)
+    _, info = play(env, lambda e: skip)
+    assert info["summary"]["dropped_reasons"].get("never_scheduled", 0) > 0
+
+
+def test_expert_actions_are_asked_once_per_decision():
+    env = gym.make("slogym/Routing-v0", policy="round-robin", n_instances=3, **SMALL).unwrapped
+    env.reset(seed=0)
+    placed = []
+    for _ in range(6):
+        a = env.expert_action()
+        assert env.expert_action() == a  # asking again does not advance round-robin's counter
+        placed.append(a)
+        env.step(a)
+    assert placed == [0, 1, 2, 0, 1, 2]
+
+
+@pytest.mark.parametrize("env_id", ["slogym/Admission-v0", "slogym/Routing-v0", "slogym/Batching-v0"])
+def test_masks_and_experts_outside_an_episode_raise_clearly(env_id):
+    env = gym.make(env_id, **SMALL).unwrapped
+    for ask in (getattr(env, "action_masks", None), env.expert_action):
+        if ask is not None:
+            with pytest.raises(RuntimeError, match="reset"):
+                ask()
+
+
+def test_native_vector_env_rejects_a_batch_of_the_wrong_size():
+    vec = gym.make_vec("slogym/Batching-v0", num_envs=2, vectorization_mode="vector_entry_point", K=4, **SMALL)
+    vec.reset(seed=0)
+    with pytest.raises(ValueError, match="3 actions for 2 environments"):
+        vec.step(np.zeros((3, 5), np.float32))
+
+
+def test_native_vector_env_reaches_masks_and_experts_through_call():
+    kw = dict(SMALL, n_instances=2, policy="round-robin")
+    vec = gym.make_vec("slogym/Routing-v0", num_envs=2, vectorization_mode="vector_entry_point", **kw)
+    vec.reset(seed=0)
+    masks = vec.call("action_masks")
+    assert len(masks) == 2 and all(m.tolist() == [True, True, True] for m in masks)
+    assert vec.call("expert_action") == (0, 0) and vec.get_attr("n_instances") == (2, 2)

@@ -183,3 +183,20 @@ def test_invalid_actions_raise(bad):
     env.reset(seed=0)
     with pytest.raises(ValueError, match="action"):
         env.step(bad)
+
+
+def test_rgb_render_draws_instances_added_during_the_episode():
+    pytest.importorskip("matplotlib")
+    env = gym.make("slogym/Scaling-v0", **SMALL, render_mode="rgb_array", n_instances=1, max_instances=4).unwrapped
+    env.reset(seed=0)
+    env.render()
+    env.step(np.array([env.max_delta + 2]))  # +2 instances
+    img = env.render()
+    assert len(env.sim.instances) == 3 and img.ndim == 3 and img.std() > 0
+
+
+@pytest.mark.parametrize("policy", ["rr-pd", "hyperflexis-pd"])
+def test_prefill_decode_policies_are_refused_with_a_clear_error(policy):
+    env = gym.make("slogym/Scaling-v0", **SMALL, policy=policy, n_instances=2)
+    with pytest.raises(ValueError, match="colocated"):
+        env.reset(seed=0)

@@ -57,10 +57,16 @@ class ArrivalEnv(ServingEnv):
         return self.sim._max_ctx[r] <= inst.total_blocks * inst.block_size
 
     def _check(self, action: Any) -> int:
+        """The action as an int; one integer (a Python or NumPy int, or an integer array of shape () or (1,)),
+        else a ValueError naming the space and the value (floats, NaN, strings and bools are not actions)."""
         if type(action) is int or isinstance(action, np.integer):
             a = int(action)
         else:
-            a = int(np.asarray(action).reshape(-1)[0]) if np.ndim(action) else int(action)
+            arr = np.asarray(action)
+            if arr.shape not in ((), (1,)) or arr.dtype.kind not in "iu":
+                raise ValueError(f"action {action!r} is not in {self.action_space}: expected one integer, got "
+                                 f"dtype {arr.dtype}, shape {arr.shape}")
+            a = int(arr.reshape(-1)[0])
         if not 0 <= a < self._n_actions:
             raise ValueError(f"action {action!r} is not in {self.action_space}")
         return a
@@ -82,10 +88,10 @@ class AdmissionEnv(ArrivalEnv):
         super().__init__(**kw)
         self.action_space = spaces.Discrete(3)
         self._n_actions = 3
-        self._expert: tuple[int, int] | None = None
+        self._expert: tuple[tuple, int] | None = None  # (decision message, the router's answer)
 
     def action_masks(self) -> np.ndarray:
-        ok = self._fits_somewhere(self._msg[1])
+        ok = self._fits_somewhere(self._decision()[1])
         return np.array([ok, ok, True])
 
     def _fits_somewhere(self, r: int) -> bool:
@@ -93,10 +99,13 @@ class AdmissionEnv(ArrivalEnv):
         return any(self._fits(r, inst) for inst in self.sim.instances)
 
     def expert_action(self) -> int:
-        """The ``policy`` router's admission decision for the current request."""
-        _, r, now = self._msg
-        placed = int(self.sim.policy.router.route(r, self.sim, now))
-        self._expert = (r, placed)
+        """The ``policy`` router's admission decision for the current request (asked once per request: calling
+        again returns the same answer and leaves the router's state as one call did)."""
+        msg = self._decision()
+        if self._expert is None or self._expert[0] is not msg:
+            _, r, now = msg
+            self._expert = (msg, int(self.sim.policy.router.route(r, self.sim, now)))
+        placed = self._expert[1]
         return self.BEST_EFFORT if placed == BEST_EFFORT else self.REJECT if placed == REJECT else self.ADMIT
 
     def _to_sim_action(self, action: Any) -> int:
@@ -109,8 +118,8 @@ class AdmissionEnv(ArrivalEnv):
             return BEST_EFFORT
         _, r, now = self._msg
         router = self.sim.policy.router
-        placed = self._expert[1] if self._expert and self._expert[0] == r else int(router.route(r, self.sim, now))
-        self._expert = None
+        expert = self._expert
+        placed = expert[1] if expert and expert[0] is self._msg else int(router.route(r, self.sim, now))
         return placed if placed >= 0 else router.best_effort_instance(r, self.sim, now)
 
 
@@ -138,6 +147,7 @@ class RoutingEnv(ArrivalEnv):
         # placed_since's counts: _placed[i] = requests placed when instance i last received one, _placed[-1] =
         # requests placed so far (since the episode began)
         self._placed = np.zeros(self.n_instances + 1, np.int64)
+        self._expert: tuple[tuple, int] | None = None  # (decision message, the router's answer)
 
     def _bind(self, sim: Simulator) -> None:
         super()._bind(sim)
@@ -148,14 +158,20 @@ class RoutingEnv(ArrivalEnv):
         return self._arrival_obs(r, now, self._placed)
 
     def action_masks(self) -> np.ndarray:
-        need = int(self.sim._max_ctx[self._msg[1]])  # _fits, inlined: MaskablePPO asks at every step
+        r = self._decision()[1]
+        need = int(self.sim._max_ctx[r])  # _fits, inlined: MaskablePPO asks at every step
         return np.array([i.accepting and i.role in ENTRY_ROLES and need <= i.total_blocks * i.block_size
                          for i in self.sim.instances] + [True])
 
     def expert_action(self) -> int:
-        """The ``policy`` router's placement for the current request (defer for anything else)."""
-        _, r, now = self._msg
-        placed = int(self.sim.policy.router.route(r, self.sim, now))
+        """The ``policy`` router's placement for the current request (defer for anything else); asked once per
+        decision: calling again returns the same answer and leaves a stateful router (round-robin) as one call
+        did."""
+        msg = self._decision()
+        if self._expert is None or self._expert[0] is not msg:
+            _, r, now = msg
+            self._expert = (msg, int(self.sim.policy.router.route(r, self.sim, now)))
+        placed = self._expert[1]
         return placed if placed >= 0 else self.n_instances
 
     def _to_sim_action(self, action: Any) -> int:

@@ -41,6 +41,8 @@ from slogym.workloads.scenarios import SCENARIOS, make_workload
 REWARDS = ("goodput", "attainment", "service_gain")
 SPLITS = ("train", "test", "all")
 TRAIN_FRACTION = 0.8
+WINDOW_TRIES = 1000
+"""Draws of a time-based episode window before ``reset`` gives up on finding one that holds a request."""
 CLIP = 10.0
 DECODE = int(StageKind.DECODE)
 DONE, WAITING, RUNNING = int(Status.DONE), int(Status.WAITING), int(Status.RUNNING)
@@ -172,10 +174,21 @@ class ServingEnv(gym.Env):
             t_lo, t_hi = arr[lo], arr[hi - 1]
             if self.episode > t_hi - t_lo:
                 raise ValueError(f"episode={self.episode} s but the {self.split!r} split spans {t_hi - t_lo:.1f} s")
-            t0 = float(self.np_random.uniform(t_lo, t_hi - self.episode))
-            idx = np.arange(int(np.searchsorted(arr, t0)), int(np.searchsorted(arr, t0 + self.episode)))
+            idx = self._time_window(arr, t_lo, t_hi)
         w = self.pool.subset(idx, name=f"{self.scenario}[{idx[0]}:{idx[-1] + 1}]")
         return w.with_arrivals(w.arrival - w.arrival[0])
+
+    def _time_window(self, arr: np.ndarray, t_lo: float, t_hi: float) -> np.ndarray:
+        """Indices of the requests arriving in ``[t0, t0 + episode)``, ``t0`` uniform in the split. Bursty
+        arrival patterns (``code``) have silences longer than short episodes: an empty window is drawn again
+        (the first non-empty draw is kept, so seeds that never drew an empty window are unchanged)."""
+        for _ in range(WINDOW_TRIES):
+            t0 = float(self.np_random.uniform(t_lo, t_hi - self.episode))
+            lo, hi = int(np.searchsorted(arr, t0)), int(np.searchsorted(arr, t0 + self.episode))
+            if hi > lo:
+                return np.arange(lo, hi)
+        raise ValueError(f"episode={self.episode} s: {WINDOW_TRIES} windows drawn in the {self.split!r} split of "
+                         f"{self.scenario!r} held no request; use a longer episode or a request count")
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
         return drive(self._reset_steps(seed))
@@ -295,6 +308,13 @@ class ServingEnv(gym.Env):
         self._credit()
         return self._observe()
 
+    def _decision(self) -> tuple:
+        """The pending decision message (``action_masks`` / ``expert_action`` answer it); raises outside an
+        episode."""
+        if self._msg is None:
+            raise RuntimeError("no decision is pending: call reset() first (or again, after the episode ended)")
+        return self._msg
+
     # ------------------------------------------------------------------ subclass hooks
     def _configure(self, sim: Simulator) -> None:
         raise NotImplementedError
@@ -325,9 +345,13 @@ class ServingEnv(gym.Env):
         import matplotlib.pyplot as plt
 
         t = np.array([h[0] for h in self._history])
-        loads = np.stack([h[1] for h in self._history]) if self._history else np.zeros((0, self.n_instances, 3))
+        # the cluster may have grown (Scaling-v0): instances that did not exist yet are NaN (not drawn)
+        n = max((len(h[1]) for h in self._history), default=self.n_instances)
+        loads = np.full((len(self._history), n, 3), np.nan)
+        for k, (_, row) in enumerate(self._history):
+            loads[k, : len(row)] = row
         fig, axes = plt.subplots(2, 1, figsize=(5, 3.2), dpi=80, sharex=True)
-        for i in range(self.n_instances):
+        for i in range(n):
             axes[0].plot(t, loads[:, i, 0], label=f"waiting {i}")
             axes[0].plot(t, loads[:, i, 1], "--", label=f"running {i}")
             axes[1].plot(t, loads[:, i, 2], label=f"KV {i}")

@@ -57,6 +57,10 @@ UNSCORED = SKIP - 0.5
 """Score of a candidate the last decision did not score (``quantum`` > 1): skipped."""
 
 
+def _wake(sim: Simulator, t: float) -> None:
+    """Timer callback of an idled instance: none needed, idle instances are offered work after every timer."""
+
+
 def budget_of(level: float) -> int:
     return int(round(B_MIN + (float(level) + 1.0) / 2.0 * (B_MAX - B_MIN)))
 
@@ -68,12 +72,17 @@ def level_of(budget: int) -> float:
 class BatchingEnv(ServingEnv):
     decision = "schedule"
 
-    def __init__(self, K: int | None = None, quantum: int = 1, **kw: Any) -> None:
+    def __init__(self, K: int | None = None, quantum: int = 1, idle_wait: float = 0.01, stall_timeout: float = 30.0,
+                 **kw: Any) -> None:
         if K is not None and int(K) < 1:
             raise ValueError(f"K={K}; must be >= 1")
         if int(quantum) < 1:
             raise ValueError(f"quantum={quantum}; must be >= 1")
+        if not (idle_wait > 0 and stall_timeout >= 0):
+            raise ValueError(f"idle_wait={idle_wait} must be > 0 and stall_timeout={stall_timeout} >= 0 (seconds)")
         super().__init__(**kw)
+        self.idle_wait, self.stall_timeout = float(idle_wait), float(stall_timeout)
+        self._idle_since: dict[int, float] = {}  # per instance: when its unbroken run of empty batches began
         # default: every request the engine may run at once plus the head of the queue, so any batch fits
         self.K = int(K) if K is not None else self.engine.max_num_seqs + 16
         self.quantum = int(quantum)
@@ -100,6 +109,7 @@ class BatchingEnv(ServingEnv):
         self._slot = np.full(len(sim.w), -1, np.int64)
         self._scored = np.zeros(0, np.int64)
         self._left = 0
+        self._idle_since = {}
 
     def _advance(self, action: Any) -> Generator[tuple, float, tuple[bool, float]]:
         """Between agent decisions (``quantum`` > 1) the last scores keep forming the batches."""
@@ -154,7 +164,11 @@ class BatchingEnv(ServingEnv):
 
     # ------------------------------------------------------------------ actions
     def _to_sim_action(self, action: Any) -> Batch:
-        a = np.asarray(action, dtype=np.float64).reshape(-1)
+        try:
+            a = np.asarray(action, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"action must be {self.K + 1} finite values in [-1, 1] ({self.action_space}); "
+                             f"got {action!r}") from None
         if a.shape != (self.K + 1,) or not kernels.in_box(a, 1.0 + 1e-6):
             raise ValueError(f"action must be {self.K + 1} finite values in [-1, 1] ({self.action_space}); "
                              f"got shape {a.shape}, values {np.array2string(a, threshold=8, precision=3)}")
@@ -173,12 +187,26 @@ class BatchingEnv(ServingEnv):
         cands, n_run = self._candidates()
         reqs, toks, pre = kernels.form_batch(self.sim.rs.I, cands, self._score[cands], n_run, inst.free_blocks,
                                              budget_of(level), inst.block_size, PREEMPT, SKIP)
+        if reqs.size or pre.size:
+            self._idle_since.pop(inst.id, None)
+        elif cands.size:
+            self._wake_later(inst)
         return Batch(req=reqs, tokens=toks, preempt=tuple(pre.tolist()))
+
+    def _wake_later(self, inst: Instance) -> None:
+        """An empty batch on an instance holding requests idles it for ``idle_wait`` s, then asks again -- not
+        until the next arrival, which after the last one would end the episode with every resident request
+        dropped. After ``stall_timeout`` s of nothing but empty batches it waits for the next event instead (so
+        an agent that never schedules still ends its episode; its requests are then dropped as ``stalled`` /
+        ``never_scheduled``)."""
+        now = self._msg[2]
+        if now - self._idle_since.setdefault(inst.id, now) < self.stall_timeout:
+            self.sim.add_timer(now + self.idle_wait, _wake)
 
     def expert_action(self, name: str | None = None, **params: Any) -> np.ndarray:
         """The action that makes the env form exactly the batch scheduler ``name`` (default: ``policy``)
         would form now. Raises if that batch uses requests beyond the first ``K`` candidates."""
-        _, inst, now = self._msg
+        _, inst, now = self._decision()
         if name is None:
             sched = self.sim.policy.scheduler
         else:

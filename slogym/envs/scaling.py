@@ -59,7 +59,7 @@ from gymnasium import spaces
 from slogym.baselines import make_policy
 from slogym.baselines.routers import outstanding_tokens
 from slogym.core.cluster import cold_start_of
-from slogym.core.instance import Instance, InstanceState
+from slogym.core.instance import Instance, InstanceState, Role
 from slogym.core.policy import Policy, Router, Scaler
 from slogym.core.simulator import Simulator
 from slogym.envs.base import CLIP, ServingEnv, _box
@@ -227,6 +227,11 @@ class PoolRouter(Router):
         self.layout = layout
 
     def route(self, req: int, sim: Simulator, now: float) -> int:
+        if any(i.role != Role.COLOCATED for i in sim.instances):
+            raise ValueError(f"Scaling-v0's pools are colocated, but the policy made instances "
+                             f"{[i.id for i in sim.instances if i.role != Role.COLOCATED]} prefill/decode ones; "
+                             f"a policy that disaggregates its cluster (rr-pd, hyperflexis-pd, ...) cannot "
+                             f"supply Scaling-v0's scheduler")
         ok = sim.accepting_instances(pool=self.layout.pool_of(sim, req))
         load = outstanding_tokens(sim)
         return min(ok, key=lambda i: (load[i], i))
@@ -383,6 +388,7 @@ class ScalingEnv(ServingEnv):
         threshold = ThresholdScaler(self.layout, self.control_interval)
         threshold.start()
         self._experts = {"static": StaticScaler(self.layout, self.control_interval), "threshold": threshold}
+        self._asked: tuple[Any, dict[str, np.ndarray]] = (None, {})  # (decision message, expert actions)
         own = make_policy(self.policy_name, self.engine).scaler
         if own is not None and hasattr(own, "deltas"):
             own.reset(sim)
@@ -432,18 +438,25 @@ class ScalingEnv(ServingEnv):
     def action_masks(self) -> np.ndarray:
         """Per pool (concatenated), which deltas change the pool's size after clipping to the bounds (delta 0
         always allowed); MaskablePPO's MultiDiscrete layout."""
+        self._decision()
         lay, d = self.layout, np.arange(-self.max_delta, self.max_delta + 1)
         return np.concatenate([(d == 0) | ((n + d >= lay.min) & (n + d <= lay.max)) for n in lay.sizes(self.sim)])
 
     def expert_action(self, name: str | None = None) -> np.ndarray:
         """The action scaler ``name`` would take now: ``static``, ``threshold``, or ``policy`` (the ``policy``
         baseline's scaler, when it exposes ``deltas(sim, now)``); default ``policy`` if available, else
-        ``static``. Call it once per step: scalers measure the interval since their previous call."""
+        ``static``. A scaler is asked at most once per step (calling again returns the same action): scalers
+        measure the interval since their previous call."""
         name = name or ("policy" if "policy" in self._experts else "static")
         if name not in self._experts:
             raise ValueError(f"unknown expert {name!r}; known: {', '.join(self._experts)}")
-        d = self.layout.clip(self.sim, self._experts[name].deltas(self.sim, self._msg[2]), self.max_delta)
-        return d + self.max_delta  # the same effect as the scaler's deltas, never masked
+        msg = self._decision()
+        if self._asked[0] is not msg:
+            self._asked = (msg, {})
+        if name not in self._asked[1]:
+            d = self.layout.clip(self.sim, self._experts[name].deltas(self.sim, msg[2]), self.max_delta)
+            self._asked[1][name] = d + self.max_delta  # the same effect as the scaler's deltas, never masked
+        return self._asked[1][name].copy()
 
     # ------------------------------------------------------------------ serving and baselines as Policies
     def agent_policy(self, name: str, act: Callable[[Any], Any]) -> Policy:

@@ -63,6 +63,9 @@ class SlogymVectorEnv(VectorEnv):
         return self._batch_obs([o for o, _ in results]), self._batch_infos([info for _, info in results])
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        if len(actions) != self.num_envs:
+            raise ValueError(f"step() got {len(actions)} actions for {self.num_envs} environments "
+                             f"(expected a batch in {self.action_space})")
         steppers = [
             env._reset_steps(None, defer_timing=self._defer[i]) if self._needs_reset[i] else env._step_steps(actions[i])
             for i, env in enumerate(self.envs)
@@ -157,6 +160,19 @@ class SlogymVectorEnv(VectorEnv):
                         results[i] = stop.value
                         del asks[i]
         return results
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Call method ``name`` of every sub-environment (e.g. ``"action_masks"``, ``"expert_action"``) or read
+        attribute ``name`` of each if it is not callable; as ``SyncVectorEnv.call``."""
+        out = []
+        for env in self.envs:
+            attr = getattr(env, name)
+            out.append(attr(*args, **kwargs) if callable(attr) else attr)
+        return tuple(out)
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """Attribute ``name`` of every sub-environment."""
+        return tuple(getattr(env, name) for env in self.envs)
 
     def close_extras(self, **kwargs: Any) -> None:
         for env in self.envs:
