@@ -220,8 +220,11 @@ class BatchingEnv(ServingEnv):
         if missing >= 0 or batch.drop or batch.demote or batch.spec is not None:
             known = set(cands.tolist())
             absent = [r for r in np.concatenate((members, preempt)).tolist() if r not in known]
-            raise ValueError(f"the {name or self.policy_name} batch cannot be expressed with K={self.K} "
-                             f"(requests {absent} are not among the first K candidates, or it drops, demotes "
-                             f"or speculates)")
+            why = [f"requests {absent} are not among the first K={self.K} candidates"] if absent else []
+            why += [f"it {verb} requests {list(rs)}" for verb, rs in (("drops", batch.drop), ("demotes", batch.demote))
+                    if rs]
+            why += ["it speculates (batch.spec: tokens it may have to roll back)"] if batch.spec is not None else []
+            raise ValueError(f"the {name or self.policy_name} batch cannot be expressed by Batching-v0's action: "
+                             f"{'; '.join(why)}")
         a[-1] = level_of(int(np.sum(batch.tokens)))
         return a
