@@ -124,7 +124,9 @@ def test_invalid_actions_raise_with_space_and_value(env_id, kw, bad):
 @pytest.mark.parametrize("kw,match", [({"scenario": "nope"}, "unknown scenario"), ({"rate_scale": -1.0}, "rate_scale"),
                                       ({"K": 0}, "K=0"), ({"reward": "fun"}, "unknown reward"),
                                       ({"policy": "magic"}, "unknown policy"), ({"split": "dev"}, "unknown split"),
-                                      ({"n_instances": 0}, "n_instances")])
+                                      ({"n_instances": 0}, "n_instances"), ({"n_instances": 2.5}, "n_instances"),
+                                      ({"seed": "x"}, "seed"), ({"episode": float("nan")}, "episode"),
+                                      ({"episode": "10"}, "episode"), ({"pool_requests": 0}, "pool_requests")])
 def test_bad_kwargs_raise_clear_errors(kw, match):
     with pytest.raises(ValueError, match=match):
         gym.make("slogym/Batching-v0", **(SMALL | kw))

@@ -83,6 +83,7 @@ class AdmissionEnv(ArrivalEnv):
     """
 
     ADMIT, BEST_EFFORT, REJECT = 0, 1, 2
+    render_label = "admit"  # its decisions are the simulator's "route" decisions
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)

@@ -72,6 +72,11 @@ def _box(*shape: int, low: float = -CLIP, high: float = CLIP) -> spaces.Box:
     return spaces.Box(low=low, high=high, shape=shape, dtype=np.float32)
 
 
+def _is_int(x: Any) -> bool:
+    """A Python or NumPy integer (bools excluded)."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
 def log_tokens(x: Any) -> Any:
     """Token counts on a log scale: log1p(x) / log1p(32768), ~[0, 1] for realistic lengths."""
     return np.log1p(x) / np.log1p(32768.0)
@@ -122,15 +127,20 @@ class ServingEnv(gym.Env):
             raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(sorted(SCENARIOS))}")
         if not (isinstance(rate_scale, (int, float)) and rate_scale > 0 and np.isfinite(rate_scale)):
             raise ValueError(f"rate_scale={rate_scale!r}; must be a positive number")
-        if n_instances < 1:
-            raise ValueError(f"n_instances={n_instances}; must be >= 1")
+        if not (_is_int(n_instances) and n_instances >= 1):
+            raise ValueError(f"n_instances={n_instances!r}; must be an integer >= 1")
+        if not (seed is None or _is_int(seed)):
+            raise ValueError(f"seed={seed!r}; must be an integer or None")
+        if not (pool_requests is None or _is_int(pool_requests) and pool_requests >= 1):
+            raise ValueError(f"pool_requests={pool_requests!r}; must be an integer >= 1 or None")
         if policy not in list_policies():
             raise ValueError(f"unknown policy {policy!r}; known: {', '.join(list_policies())}")
         if reward not in REWARDS:
             raise ValueError(f"unknown reward {reward!r}; known: {', '.join(REWARDS)}")
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; known: {', '.join(SPLITS)}")
-        if not episode > 0:
+        if isinstance(episode, bool) or not isinstance(episode, (int, float, np.integer, np.floating)) or not (
+                0 < episode < np.inf):
             raise ValueError(f"episode={episode!r}; must be a positive request count or number of seconds")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode={render_mode!r}; known: {self.metadata['render_modes']}")
@@ -334,7 +344,7 @@ class ServingEnv(gym.Env):
         self._history.append((sim.now, np.array(loads, dtype=np.float64)))
         if self.render_mode == "ansi":
             inst = " ".join(f"[{w}w {r}r kv{u:.0%}]" for w, r, u in loads)
-            return (f"t={sim.now:9.3f}s {self.decision:8s} done={sim._n_done}/{len(sim.w)} "
+            return (f"t={sim.now:9.3f}s {getattr(self, 'render_label', self.decision):8s} done={sim._n_done}/{len(sim.w)} "
                     f"met={self._n_met} {inst}")
         return self._render_rgb()
 
