@@ -81,6 +81,7 @@ def test_fcfs_20_requests_end_to_end(engine: VLLMEngine) -> None:
     assert (rec.dtypes == ref.dtypes).all()
     it = sim.iteration_records()
     assert len(it) == sum(i.iterations for i in sim.instances) and (it["time_s"] > 0).all()
+    assert (it["nivcsw"] >= 0).all() and (it["minflt"] >= 0).all()  # the worker reports what the host did
     assert it["prefill_tokens"].sum() + it["decode_tokens"].sum() == rec["computed_tokens"].sum()
 
 

@@ -100,7 +100,7 @@ class LiveSimulator(Simulator):
         self._known: list[set[int]] = [set() for _ in range(n)]      # requests the engine holds
         self._freed: list[set[int]] = [set() for _ in range(n)]      # KV dropped by the simulator since last step
         self._engine_done: list[set[int]] = [set() for _ in range(n)]  # finished by the engine itself
-        self._iter_log: list[tuple[int, float, float, float, float, float, BatchFeatures]] = []
+        self._iter_log: list[tuple[int, float, float, float, float, float, float, int, int, BatchFeatures]] = []
         self.error: str | None = None
 
     def run(self) -> "LiveSimulator":
@@ -183,7 +183,8 @@ class LiveSimulator(Simulator):
                 raise EngineError(f"instance {i}: request {r} has {got[0]} computed tokens in the engine after "
                                   f"the step, the simulator expects {c + n}")
         self._iter_log.append((i, self.now, measured, float(reply["time_s"]), float(reply["cpu_s"]),
-                               float(reply["speed"]), float(reply.get("speed_ops", 1.0)), features))
+                               float(reply["speed"]), float(reply.get("speed_ops", 1.0)),
+                               int(reply.get("nivcsw", -1)), int(reply.get("minflt", -1)), features))
         return dt
 
     def _resolve_freed(self, i: int) -> tuple[list[int], list[int]]:
@@ -225,11 +226,15 @@ class LiveSimulator(Simulator):
         ``time_s`` (the engine step under the engine's timing; the columns ``slogym profile fit`` reads),
         ``wall_s``, ``cpu_s`` and ``speed`` (the ``norm`` timing's factor; 1.0 under the other timings), and
         ``speed_ops`` (the diagnostic second reference's factor, :class:`~slogym.engines.live.worker.
-        OpsReference`)."""
+        OpsReference`), ``nivcsw`` and ``minflt`` (the worker's involuntary context switches and minor page faults
+        during the step, from ``getrusage``; -1 where the worker does not report them): what the host did to a
+        step that took longer than its batch explains."""
         rows = [{"instance": i, "start": t, **{k: int(v) for k, v in zip(BatchFeatures._fields, f)},
-                 "time_s": dt, "wall_s": wall, "cpu_s": cpu, "speed": speed, "speed_ops": ops}
-                for i, t, dt, wall, cpu, speed, ops, f in self._iter_log]
-        cols = ["instance", "start", *BatchFeatures._fields, "time_s", "wall_s", "cpu_s", "speed", "speed_ops"]
+                 "time_s": dt, "wall_s": wall, "cpu_s": cpu, "speed": speed, "speed_ops": ops, "nivcsw": csw,
+                 "minflt": flt}
+                for i, t, dt, wall, cpu, speed, ops, csw, flt, f in self._iter_log]
+        cols = ["instance", "start", *BatchFeatures._fields, "time_s", "wall_s", "cpu_s", "speed", "speed_ops",
+                "nivcsw", "minflt"]
         return pd.DataFrame(rows, columns=cols)
 
 
