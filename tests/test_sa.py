@@ -15,6 +15,7 @@ from slogym.core.request import Request, Workload, decode, prefill
 from slogym.core.simulator import Simulator
 from slogym.engines.registry import get_engine
 from slogym.workloads.gaussian import GaussianLengthPredictor, history_of
+from slogym.workloads.profiling import default_history
 from slogym.workloads.scenarios import make_workload
 
 ENGINE = get_engine("qwen2.5-7b-v100-tp2")
@@ -234,24 +235,54 @@ def test_history_of_a_workload_and_bad_histories():
         Simulator(w, ENGINE, POLICIES["sa"](ENGINE, history=[("summarize", 10)])).run()
     with pytest.raises(ValueError, match="-3"):
         POLICIES["sa"](ENGINE, history=[("chat", -3)])
+    with pytest.raises(ValueError, match="history_requests"):
+        POLICIES["sa"](ENGINE, history_requests=0)
     with pytest.raises(ValueError, match="app code 2"):
         GaussianLengthPredictor(2).warm([2], [10])
 
 
-def test_history_leaves_the_cold_path_unchanged():
+def test_default_is_warm_on_the_profiling_slice_and_cold_is_available():
+    # the registered policy warms its Gaussian on the profiling slice (§5.3 "profiling data from tasks", §4.2): a
+    # fresh seeded draw of the simulated scenario, the slice Tempo trains on; history=() keeps the cold ablation
     w = _sa_mix(10, 3)
     run = lambda **kw: Simulator(w, ENGINE, POLICIES["sa"](ENGINE, max_batch_size=2, seed=4, **kw),  # noqa: E731
                                  attainment="mean_tpot").run()
-    cold = run()
-    warm = run(history=history_of(_sa_mix(200, 99)))
-    cold_after_warm, empty = run(), run(history=())
-    assert cold.result().records.equals(cold_after_warm.result().records)
-    assert cold.result().records.equals(empty.result().records)
+    default = run()
+    cold = run(history=())
+    explicit = run(history=history_of(default_history(w, 1500, 4)))
+    default_again, cold_again = run(), run(history=())
+    assert default.result().records.equals(default_again.result().records)      # deterministic
+    assert cold.result().records.equals(cold_again.result().records)           # a warm run leaves no state behind
+    assert default.result().records.equals(explicit.result().records)          # the default is exactly that slice
+    # the slice is held out: a draw of the scenario with its own seed, not the served requests
+    hist = default_history(w, 1500, 4)
+    assert hist.name == "sa-mix" and len(hist) == 1500
+    assert not np.array_equal(hist.output_tokens[:len(w)], w.output_tokens)
+    assert history_of(default_history(w, 1500, 5)) != history_of(hist)          # seeded by the scheduler's seed
     # all ten arrive at t = 0 and are planned before any completion: cold = the 128-token prior for every request,
-    # warm = draws from the history's Gaussian (so warming is visible and the equalities above could fail)
-    cold_pred, warm_pred = cold.policy.scheduler._pred, warm.policy.scheduler._pred
+    # warm = draws from the slice's per-app Gaussian, whose mean is the slice's per-app mean
+    cold_pred, warm_pred = cold.policy.scheduler._pred, default.policy.scheduler._pred
     assert (cold_pred == 128).all() and not (warm_pred == 128).all()
-    assert not cold.result().records.equals(warm.result().records)
+    assert not cold.result().records.equals(default.result().records)
+    sched = POLICIES["sa"](ENGINE, max_batch_size=2, seed=4).scheduler
+    sched.reset(Simulator(w, ENGINE, POLICIES["sa"](ENGINE)))
+    for app, name in enumerate(w.app_names):
+        truth = hist.output_tokens[hist.app == hist.app_names.index(name)]
+        assert sched.lengths.count[app] == truth.size
+        assert sched.lengths.mean(app) == pytest.approx(truth.mean())
+        assert sched.lengths.std(app) == pytest.approx(truth.std())
+
+
+def test_profiling_slice_of_a_workload_without_a_scenario_is_its_past():
+    # a workload that names no scenario (a trace, hand-built requests) has no fresh draw: the slice is its first
+    # history_requests requests (Tempo's rule, shared)
+    w = Workload.from_requests([Request(0.1 * i, [prefill(50), decode(10 + i)], app="code", ttlt=30.0)
+                                for i in range(6)])
+    hist = default_history(w, 4, 0)
+    assert hist.output_tokens.tolist() == w.output_tokens[:4].tolist()
+    pol = POLICIES["sa"](ENGINE, max_batch_size=1, seed=0, history_requests=4)
+    Simulator(w, ENGINE, pol).run()
+    assert pol.scheduler.profile(w) == history_of(hist)
 
 
 def test_length_error_varies_true_lengths_within_its_bound():

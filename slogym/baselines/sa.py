@@ -28,12 +28,21 @@ consistent). ``predictor="oracle"`` uses the true length; with ``length_error=e`
 ``1 + u``, ``u`` uniform in ``[-e, e]`` and drawn once per request -- the paper's §5.3 study, which replaces the
 Gaussian by "actual output lengths with variations of 2.5%, 5%, and 10%" (Fig. 9). Reconstructed: the text does not
 say how the variation is distributed; a uniform relative error bounded by the stated percentage is assumed.
-``history=`` warms the Gaussian with (app name, output length) pairs of earlier completed requests, replayed through
-the online update (:meth:`~slogym.workloads.gaussian.GaussianLengthPredictor.warm`) -- the paper's predictor runs
-in a live system, and §4.2 lets users supply each task type's output distribution up front. The default stays
-cold (no history, a ``prior_len`` prior, std 0) because the paper neither gives a history size nor says its Fig. 7
-runs were warm, and a policy built by name must not depend on data outside the simulated workload; warm it
-explicitly (``scripts/reproduce/sa.py`` does, from a disjoint draw of the same scenario).
+Before the run the Gaussian is warmed by replaying (app name, output length) pairs of earlier completed requests
+through the online update (:meth:`~slogym.workloads.gaussian.GaussianLengthPredictor.warm`). Our reading of the
+paper, which never says "warm" in so many words: the Gaussian is fitted on profiling data before the measured
+requests arrive. §5.3: "the SLO-aware scheduler utilizes profiling data from tasks to dynamically update the mean
+and the standard deviation of tasks' actual outputs", and its Fig. 9 runs are set up "rather than relying on
+profiling data to predict output lengths"; §4.2: users may "specify a typical output range or distribution for
+each task type", else "the request profiler is equipped with the capability to gather and model the output range
+and distribution"; §5.1 "Workflows" runs profiling rounds after deploying the instance (stated there for the
+latency fit only); and a predictor with no data would plan a pool of 4-40 waiting requests (Fig. 7) at one prior
+length, i.e. with no output information at all. The default history (``history=None``) is the profiling slice
+:func:`~slogym.workloads.profiling.default_history` -- the slice Tempo trains its forest on: ``history_requests``
+requests of a fresh draw of the simulated scenario, seeded by ``seed`` (disjoint from the served requests; for a
+workload that names no scenario, its first ``history_requests`` requests, which are also served). The paper gives
+no profiling size; 1500 is Tempo's slice size. ``history=()`` runs cold (every app at the ``prior_len`` prior with
+std 0 until its first completion): the ablation, and this module's default until 2026-11-22.
 
 **Search (§4.3, Algorithm 1).** Two start solutions: arrival order with every batch at ``B_max``, and the
 order of increasing predicted e2e latency (also at ``B_max``); if the second meets every SLO it is returned at once
@@ -90,9 +99,11 @@ from slogym.core.instance import Instance
 from slogym.core.policy import Policy, Router, Scheduler
 from slogym.engines.arrays import BatchTimeEvaluator
 from slogym.core.state import Status
-from slogym.workloads.gaussian import GaussianLengthPredictor
+from slogym.workloads.gaussian import GaussianLengthPredictor, history_of
+from slogym.workloads.profiling import default_history
 
 if TYPE_CHECKING:
+    from slogym.core.request import Workload
     from slogym.core.simulator import Simulator
 
 
@@ -173,7 +184,7 @@ class PlanProblem:
         k, n = g.shape
         index, ones = self._index(k), self._ones
         flat = (g + index[0]).ravel()                                 # batch ids made unique across plans
-        if self.max_batch == 1:   # one request per batch: completion times are a prefix sum, deadline = latest start + e
+        if self.max_batch == 1:  # one request per batch: completion times are a prefix sum, deadline = latest start + e
             dur = np.empty(k * n)
             dur[flat] = index[1]
             done = self._prefix(dur.reshape(k, n), strict=False)
@@ -394,7 +405,9 @@ class SAScheduler(Scheduler):
     length_error    with ``"oracle"``: relative error bound ``e`` of §5.3's "actual output lengths with variations"
                     (each request's true length times ``1 + U(-e, e)``, drawn once); 0 = exact lengths
     history         (app name, output length) pairs of completed requests that warm the Gaussian before the run
-                    (module doc, "Output lengths"); empty by default: a cold predictor
+                    (module doc, "Output lengths"); ``None`` (default): the profiling slice of the simulated
+                    workload (:func:`~slogym.workloads.profiling.default_history`); ``()``: a cold predictor
+    history_requests  size of the default profiling slice (user-level arrivals of the scenario's fresh draw)
     t0, t_min, alpha, iters, max_entries   :class:`AnnealConfig` (the paper's ``T0``, ``T_min``, decay, ``L``)
     """
 
@@ -403,16 +416,20 @@ class SAScheduler(Scheduler):
     def __init__(self, max_batch_size: int = 4, max_num_batched_tokens: int = 8192, search: str = "anneal",
                  predictor: str = "gaussian", prior_len: float = 128.0, seed: int = 0, t0: float = 100.0,
                  t_min: float = 20.0, alpha: float = 0.95, iters: int = 500, max_entries: int | None = 8192,
-                 exhaustive_max: int = 7, history: Sequence[tuple[str, int]] = (), length_error: float = 0.0) -> None:
+                 exhaustive_max: int = 7, history: Sequence[tuple[str, int]] | None = None,
+                 history_requests: int = 1500, length_error: float = 0.0) -> None:
         if max_batch_size < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_batch_size and max_num_batched_tokens must be >= 1")
         if not 0 <= length_error < 1 or (length_error > 0 and predictor != "oracle"):
             raise ValueError(f"length_error={length_error}; must be in [0, 1), and > 0 only with predictor='oracle' "
                              f"(got predictor={predictor!r})")
-        self.history = tuple((str(app), int(length)) for app, length in history)
-        bad = [h for h in self.history if h[1] < 1]
+        if history_requests < 1:
+            raise ValueError(f"history_requests={history_requests}; must be >= 1")
+        self.history = None if history is None else tuple((str(app), int(length)) for app, length in history)
+        bad = [h for h in self.history or () if h[1] < 1]
         if bad:
             raise ValueError(f"history entries {bad[:3]} have output lengths < 1; every length must be >= 1")
+        self.history_requests = history_requests
         if search not in ("anneal", "exhaustive") or predictor not in ("gaussian", "oracle"):
             raise ValueError(f"search={search!r} (anneal|exhaustive), predictor={predictor!r} (gaussian|oracle)")
         self.max_batch_size = max_batch_size
@@ -430,21 +447,31 @@ class SAScheduler(Scheduler):
         self._sim = sim
         self._rng = np.random.default_rng(self.seed)
         self.lengths = GaussianLengthPredictor(len(sim.w.app_names), self.prior_len, self.seed)
-        if self.history:
-            self.lengths.warm(self._app_codes(sim.w.app_names), [length for _, length in self.history])
+        history = self.profile(sim.w)
+        if history:
+            self.lengths.warm(self._app_codes(history, sim.w.app_names), [length for _, length in history])
         self._pred = np.full(len(sim.w), -1, np.int64)   # predicted total output length, drawn once per request
         self._error_rng = np.random.default_rng([self.seed, 53])   # §5.3 variations: apart from the search's stream
         self._rank: dict[int, int] = {}                  # planned priority (lower runs first) of planned requests
         self._group: dict[int, int] = {}                 # planned batch of each waiting request
         self._live: set[int] = set()                     # requests seen and not yet observed as done
 
-    def _app_codes(self, app_names: list[str]) -> list[int]:
+    def profile(self, w: "Workload") -> tuple[tuple[str, int], ...]:
+        """The (app name, output length) history the Gaussian is warmed with before serving ``w``: ``history``
+        if given, else the profiling slice of ``w`` (module doc, "Output lengths"; ~3 ms CPU for 1500 requests,
+        not cached)."""
+        if self.history is not None:
+            return self.history
+        return history_of(default_history(w, self.history_requests, self.seed))
+
+    @staticmethod
+    def _app_codes(history: Sequence[tuple[str, int]], app_names: list[str]) -> list[int]:
         """The simulated workload's code of each history entry's app."""
         code = {name: i for i, name in enumerate(app_names)}
-        unknown = sorted({app for app, _ in self.history if app not in code})
+        unknown = sorted({app for app, _ in history if app not in code})
         if unknown:
             raise ValueError(f"history apps {unknown} are not in the workload's apps {app_names}")
-        return [code[app] for app, _ in self.history]
+        return [code[app] for app, _ in history]
 
     # ----------------------------------------------------------------------------------------------- prediction
     def predicted_output(self, reqs: np.ndarray) -> np.ndarray:

@@ -81,6 +81,7 @@ from slogym.core.policy import Policy
 from slogym.core.request import StageKind, Workload
 from slogym.core.state import Status
 from slogym.workloads.dag import GraphHistory, SuperGraph, graphs_of, stage_deadline
+from slogym.workloads.profiling import default_history
 from slogym.workloads.qrf import QRFConfig, QRFLengthPredictor, request_features
 
 if TYPE_CHECKING:
@@ -90,16 +91,6 @@ PREDICTORS = ("qrf", "oracle", "none", "mean")
 GRAPHS = ("match", "oracle", "none")
 ORDERS = ("lsdf", "sjf")
 _TTLT, _LINE, _NONE = 0, 1, 2
-
-
-def default_history(w: Workload, n_requests: int, seed: int) -> Workload:
-    """The training slice: a fresh seeded draw of the same scenario when ``w`` names one (held out from the
-    served requests), otherwise the first ``n_requests`` requests of ``w`` (a trace's past)."""
-    from slogym.workloads.scenarios import SCENARIOS, make_workload
-
-    if w.name in SCENARIOS:
-        return make_workload(w.name, n_requests=n_requests, seed=seed + 1_000_003)
-    return w.subset(np.arange(min(n_requests, len(w))), name=f"{w.name}-history")
 
 
 class TempoScheduler(TokenBudgetScheduler):

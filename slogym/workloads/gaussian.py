@@ -10,7 +10,8 @@ completed a request yet (the paper leaves the cold start unspecified).
 A running system's predictor has a history. §4.2 lets "business users ... specify a typical output range or
 distribution for each task type", else the profiler gathers it; :meth:`GaussianLengthPredictor.warm` replays such a
 history of completed requests (e.g. :func:`history_of` a disjoint draw of the workload) through the same update
-:meth:`~GaussianLengthPredictor.observe` applies online.
+:meth:`~GaussianLengthPredictor.observe` applies online. The SA scheduler does so by default with the profiling
+slice of :func:`slogym.workloads.profiling.default_history` (§5.3's "profiling data from tasks").
 """
 
 from __future__ import annotations
