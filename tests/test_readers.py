@@ -284,3 +284,31 @@ def test_trace_methods() -> None:
         trace.scale_rate(0)
     with pytest.raises(ValueError, match="rows"):
         Trace(None, [1, 2], [1], extra={"model": np.array(["a", "b"])})
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+@pytest.mark.parametrize("fmt", ["lengths", "azure", "burstgpt"])
+def test_every_row_one_field_too_many_raises(tmp_path: Path, fmt: str, on_error: str) -> None:
+    """pandas would read the first column as an index and shift the others left (input <- decode column)."""
+    header, rows = {
+        "lengths": ("num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio",
+                    ["760,98,858,7.75,5", "100,20,120,5.0,5"]),
+        "azure": (AZURE_HEADER, ["2023-11-16 18:00:00.0,5,3,1", "2023-11-16 18:00:01.0,6,4,1"]),
+        "burstgpt": (BURST_HEADER, ["1,ChatGPT,10,20,30,Conversation log,7", "2,ChatGPT,11,21,32,Conversation log,7"]),
+    }[fmt]
+    path = _write(tmp_path, "t.csv", [header, *rows])
+    with pytest.raises(TraceFormatError) as info:
+        read_trace(path, format=fmt, on_error=on_error)
+    err = info.value
+    n_header = header.count(",") + 1
+    assert (err.line, err.field) == (2, None)
+    assert str(path) in str(err) and "line 2" in str(err) and f"{n_header + 1} fields" in str(err)
+    assert f"header has {n_header}" in str(err)
+
+
+@pytest.mark.parametrize("rows, line", [(["5,6,9", "1,2"], 2), (["1,2", "", "5,6,9"], 4)])
+def test_one_row_one_field_too_many_raises(tmp_path: Path, rows: list[str], line: int) -> None:
+    """Only the first data row too long (pandas' implicit-index case), or a later one (its tokenizer's error)."""
+    path = _write(tmp_path, "u.csv", ["num_prefill_tokens,num_decode_tokens", *rows])
+    with pytest.raises(TraceFormatError, match=rf"u\.csv, line {line}: 3 fields but the header has 2"):
+        read_trace(path, on_error="skip")

@@ -16,7 +16,8 @@ Files may be gzip-compressed (detected from the content). Every row is checked: 
 integers and timestamps parseable and non-decreasing. With ``on_error="raise"`` (default) the first bad row
 raises :class:`TraceFormatError`; with ``on_error="skip"`` bad rows are dropped, counted per reason in
 :attr:`Trace.skipped`, out-of-order rows are stably sorted (counted as ``"unsorted"``), and one warning
-summarizes. A missing column, an unreadable CSV layout and a file without data rows always raise.
+summarizes. A missing column, a CSV line with more fields than the header, an unreadable CSV layout and a file
+without data rows always raise.
 """
 
 from __future__ import annotations
@@ -197,12 +198,22 @@ def _read_csv(path: Path, required: Sequence[str], limit: int | None) -> tuple[p
     """The data rows of a CSV (every cell kept as text unless a whole column is numeric) and their lines."""
     name = str(path)
     try:
-        frame = pd.read_csv(path, compression="gzip" if _is_gzip(path) else None, keep_default_na=False,
-                            skip_blank_lines=False, skipinitialspace=True, nrows=limit)
+        # index_col=False: without it, a first data row with one field more than the header silently turns the
+        # first column into the index and shifts every column left; with it pandas drops the surplus and warns
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            frame = pd.read_csv(path, compression="gzip" if _is_gzip(path) else None, keep_default_na=False,
+                                skip_blank_lines=False, skipinitialspace=True, nrows=limit, index_col=False)
+    except pd.errors.ParserWarning:
+        raise _too_many_fields(path, limit) from None
     except pd.errors.EmptyDataError:
         raise TraceFormatError(name, 1, None, "empty file (no header line)") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as exc:
         # pandas counts lines like we do (header = line 1); fall back to the header when it names none.
+        ragged = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", str(exc))
+        if ragged:
+            expected, line, saw = (int(x) for x in ragged.groups())
+            raise TraceFormatError(name, line, None, f"{saw} fields but the header has {expected}") from None
         found = re.search(r"line (\d+)", str(exc))
         raise TraceFormatError(name, int(found.group(1)) if found else 1, None,
                                f"not a readable CSV: {str(exc).strip()}") from None
@@ -218,6 +229,20 @@ def _read_csv(path: Path, required: Sequence[str], limit: int | None) -> tuple[p
     if not len(frame):
         raise TraceFormatError(name, 2, None, "no data rows")
     return frame, _Rows(name, lines)
+
+
+def _too_many_fields(path: Path, limit: int | None) -> TraceFormatError:
+    """The error for the first line (of the header and ``limit`` data rows) with more fields than the header."""
+    with _open_text(path) as fh:
+        reader = csv.reader(fh, skipinitialspace=True)
+        header = next((r for r in reader if r), [])
+        for count, row in enumerate(reader):
+            if limit is not None and count >= limit:
+                break
+            if len(row) > len(header):
+                return TraceFormatError(str(path), reader.line_num, None,
+                                        f"{len(row)} fields but the header has {len(header)}", ",".join(row))
+    return TraceFormatError(str(path), 1, None, "a line has more fields than the header")  # pragma: no cover
 
 
 def _csv_number(column: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
