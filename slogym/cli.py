@@ -9,7 +9,6 @@ with status 2.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import math
 import os
@@ -135,15 +134,14 @@ def _load_engine(name: str) -> Any:
 
 # ---------------------------------------------------------------------------------------------- simulate
 def _make_policy(name: str, engine: Any, router: str | None, params: dict[str, Any]) -> Any:
-    from slogym.baselines import make_policy
+    from slogym.baselines import make_policy, policy_params
 
     try:
         return make_policy(name, engine, router=router, **params)
     except (TypeError, ValueError) as e:
-        sched = type(make_policy(name, engine).scheduler)
-        accepted = [p for p in inspect.signature(sched.__init__).parameters if p != "self"]
         bad = ", ".join(f"{k}={v!r}" for k, v in params.items())
-        raise UsageError(f"bad --param for policy {name!r} ({bad}): {e}; accepted: {', '.join(accepted)}") from None
+        raise UsageError(f"bad --param for policy {name!r} ({bad}): {e}; "
+                         f"accepted: {', '.join(policy_params(name))}") from None
 
 
 def _fmt(x: Any, scale: float = 1.0, spec: str = ".1f") -> str:
@@ -283,9 +281,9 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
 
 
 def cmd_policies(args: argparse.Namespace) -> int:
-    from slogym.baselines import POLICY_DESCRIPTIONS
+    from slogym.baselines import POLICY_DESCRIPTIONS, policy_params
 
-    rows = [{"name": k, "description": v} for k, v in POLICY_DESCRIPTIONS.items()]
+    rows = [{"name": k, "description": v, "params": policy_params(k)} for k, v in POLICY_DESCRIPTIONS.items()]
     if args.json:
         _print_json(rows)
     else:

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from slogym import __version__
-from slogym.baselines import list_policies
+from slogym.baselines import list_policies, make_policy, policy_params
 from slogym.cli import main
 from slogym.core.batch import BatchFeatures
 from slogym.engines.perf_models import QuadraticPerf
@@ -216,3 +216,60 @@ def test_installed_entry_point_help():
     assert proc.returncode == 0
     for command in ("simulate", "scenarios", "policies", "engines", "profile"):
         assert command in proc.stdout
+
+
+# ---- policy parameters -------------------------------------------------------------------------------------
+
+SAMPLE = {  # one valid value per parameter key (policy_params lists every key with an entry here)
+    "max_num_seqs": 64, "max_num_batched_tokens": 4096, "watermark": 0.02, "token_budget": 256, "whole_prompt": False,
+    "pd": None, "eta": 0.8, "max_batch_size": 8, "search": "anneal", "predictor": "gaussian", "prior_len": 100.0,
+    "seed": 1, "t0": 50.0, "t_min": 10.0, "alpha": 0.5, "iters": 100, "max_entries": 1024, "exhaustive_max": 6,
+    "history": None, "history_requests": 500, "length_error": 0.0, "preemptive": False, "quantum": 64,
+    "multiplier": 3.0, "n_levels": 5, "starvation_ratio": 3.0, "oracle": True, "history_fraction": 0.3,
+    "quantile": 0.8, "graph": "match", "order": "lsdf", "reserve": 0.2, "fairness": 0.5, "refresh_tokens": 64,
+    "max_sl": 2, "mem_units": 16, "route_limit": 2, "backup": "reject", "admission": False, "dynamic_batch": False,
+    "grid_step": 8, "tiers": None, "avg_decode_len": 100.0, "prefill_budget": 512, "remaining": "residual",
+    "min_chunk": 16, "interval": 0.2, "admit_threshold": 0.2, "cv": 0.4, "monitor_interval": 2.0, "spread": 0.4,
+    "window": 128, "offset_quantile": 0.4, "reject": "reject", "prefill_fraction": 0.4, "scale_interval": 2.0,
+    "max_instances": 4, "cold_start": "d2d",
+}
+SAMPLE_BY_FAMILY = {("tempo", "predictor"): "qrf"}
+
+
+def _sample(policy: str, key: str) -> object:
+    return SAMPLE_BY_FAMILY.get((policy.split("-")[0], key), SAMPLE[key])
+
+
+@pytest.mark.parametrize("name", list_policies())
+def test_policy_params_are_exactly_what_make_policy_accepts(name):
+    """Every listed key is accepted (with a valid value); every other key that some policy accepts is refused
+    by name, so the list is neither too long nor too short over all keys the registry knows."""
+    engine = get_engine("llama3-8b-h100")
+    listed = policy_params(name)
+    assert len(set(listed)) == len(listed) and "router" not in listed and "engine" not in listed
+    for key in listed:
+        make_policy(name, engine, **{key: _sample(name, key)})
+    for key in sorted({k for p in list_policies() for k in policy_params(p)} - set(listed)):
+        with pytest.raises((TypeError, ValueError), match=key):
+            make_policy(name, engine, **{key: _sample(name, key)})
+
+
+@pytest.mark.parametrize("policy, present, absent", [
+    ("slos-serve", {"max_sl", "backup", "admission"}, {"state"}),
+    ("polyserve-co", {"tiers", "prefill_budget", "interval"}, {"core", "token_budget"}),
+    ("polyserve-co-chunk", {"token_budget"}, {"core", "interval"}),
+    ("hyperflexis", {"admit_threshold", "max_num_seqs", "prefill_fraction"}, {"state", "pd", "scale_interval"}),
+    ("rr-pd", {"prefill_fraction", "max_num_batched_tokens"}, {"inner"}),
+    ("sarathi", {"token_budget", "whole_prompt"}, {"self"}),
+])
+def test_unknown_param_error_lists_what_the_policy_accepts(capsys, policy, present, absent):
+    rc, out, err = run_cli(capsys, "simulate", "--policy", policy, "--param", "foo=1", "--requests", "5")
+    assert rc == 2 and out == "" and "foo" in err
+    accepted = err.rsplit("accepted: ", 1)[1].strip().split(", ")
+    assert accepted == policy_params(policy)
+    assert present <= set(accepted) and not absent & set(accepted)
+
+
+def test_policies_json_lists_params(capsys):
+    rows = json.loads(run_cli(capsys, "policies", "--json")[1])
+    assert all(r["params"] == policy_params(r["name"]) for r in rows)

@@ -1,14 +1,17 @@
 """Baseline policies, by the names of DESIGN.md ("Names and schemas").
 
 ``make_policy(name, engine=None, router=None, **params)`` builds a :class:`~slogym.core.policy.Policy`;
-``list_policies()`` lists the names. Router-only names (``round-robin``, ``random``, ``least-load``) pair the
-router with the vLLM FCFS scheduler; ``router=`` overrides the router of any policy. Paper baselines live one
-module each and expose ``POLICIES`` (name -> factory); they are imported when first used.
+``list_policies()`` lists the names, ``policy_params(name)`` the ``params`` keys a name accepts. Router-only
+names (``round-robin``, ``random``, ``least-load``) pair the router with the vLLM FCFS scheduler; ``router=``
+overrides the router of any policy. Paper baselines live one module each and expose ``POLICIES`` (name ->
+factory); they are imported when first used.
 """
 
 from __future__ import annotations
 
+import inspect
 from importlib import import_module
+from types import ModuleType
 from typing import Any, Callable
 
 from slogym.baselines.edf import EDFScheduler
@@ -32,6 +35,10 @@ def _engine_defaults(engine: Any, budget_loop: bool = False) -> dict[str, int]:
         d["max_num_batched_tokens"] = int(engine.max_num_batched_tokens)
     return d
 
+
+SCHEDULER_CLASSES: dict[str, type[Scheduler]] = {
+    "vllm": VLLMScheduler, "sarathi": SarathiScheduler, "edf": EDFScheduler}
+"""The class each :data:`SCHEDULERS` factory passes its ``**params`` to (:func:`policy_params` reads it)."""
 
 SCHEDULERS: dict[str, Callable[..., Scheduler]] = {
     "vllm": lambda engine, **kw: VLLMScheduler(**(_engine_defaults(engine) | kw)),
@@ -140,3 +147,53 @@ def make_policy(name: str, engine: Any = None, router: str | Router | None = Non
     full = {"scheduler": type(sched).__name__, "router": type(rt).__name__} | {
         k: v for k, v in vars(sched).items() if not k.startswith("_")}
     return Policy(name=name, scheduler=sched, router=rt, params=full)
+
+
+def _keywords(target: Callable[..., Any]) -> list[str]:
+    """The named parameters of a callable or class, less ``self``, ``engine``, ``router`` and ``*``/``**``."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in inspect.signature(target).parameters.values()
+            if p.kind in kinds and p.name not in ("self", "engine", "router")]
+
+
+def _forwarded(module: ModuleType, factory: Callable[..., Any]) -> list[str]:
+    """The keys a paper module's ``POLICIES`` factory takes from its ``**params`` besides its named parameters:
+    what it forwards them to, or the keys it pops from them (the variant switches of the factory's closure decide
+    which, as in the factory)."""
+    closure = inspect.getclosurevars(factory).nonlocals
+    name = module.__name__.rsplit(".", 1)[1]
+    if name == "sa":  # _policy: the router's eta, the rest to SAScheduler
+        return ["eta", *_keywords(module.SAScheduler)]
+    if name in ("sjf", "autellix"):  # sjf.policy_factory: scheduler(**params)
+        return _keywords(closure["scheduler"])
+    if name == "distserve":  # make_distserve: DistServeScheduler(**params)
+        return _keywords(module.DistServeScheduler)
+    if name == "tempo":
+        return _keywords(module.TempoScheduler)
+    if name == "slos_serve":  # SLOsServeConfig(**params)
+        return _keywords(module.SLOsServeConfig)
+    if name == "polyserve":  # _make pops these; token_budget only when static, interval only with the scaler
+        return ["max_num_seqs", "tiers", "avg_decode_len", "prefill_budget", "remaining", "min_chunk",
+                *(["token_budget"] if closure["static"] else []), *(["interval"] if closure["polyserve"] else [])]
+    if name == "hyperflexis":
+        if factory is module._rr_pd:  # the P/D split's prefill_fraction, the rest to VLLMScheduler
+            return ["prefill_fraction", *_keywords(VLLMScheduler)]
+        return [*module._STATE_DEFAULTS, "max_num_seqs", "prefill_fraction",
+                *(module._SCALER_DEFAULTS if closure["scaling"] else [])]
+    raise NotImplementedError(f"policy_params: no rule for the factories of {module.__name__}")
+
+
+def policy_params(name: str) -> list[str]:
+    """The ``params`` keys ``make_policy(name, engine, **params)`` accepts, from the factory the params go to
+    (its named parameters, then what it forwards ``**params`` to); ``router`` is :func:`make_policy`'s own."""
+    if name in PAPER_POLICIES:
+        module = import_module(PAPER_POLICIES[name])
+        factory = module.POLICIES[name]
+        keys = _keywords(factory)
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(factory).parameters.values()):
+            keys += _forwarded(module, factory)
+    elif name in SCHEDULERS or name in ROUTERS:
+        keys = _keywords(SCHEDULER_CLASSES.get(name, VLLMScheduler))
+    else:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(list_policies())}")
+    return list(dict.fromkeys(keys))
