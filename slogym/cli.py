@@ -62,14 +62,20 @@ def _slo(text: str) -> float | str:
 
 
 def parse_value(raw: str) -> bool | int | float | str:
-    """``true``/``false`` (any case) -> bool, then int, then float, else the string itself."""
+    """``true``/``false`` (any case) -> bool, then int, then finite float, else the string itself.
+
+    ``nan``, ``inf`` and their spellings are refused (``ValueError``): no policy parameter means them, and a NaN
+    passes every ``x < low`` range check."""
     if raw.lower() in ("true", "false"):
         return raw.lower() == "true"
     for cast in (int, float):
         try:
-            return cast(raw)
+            value = cast(raw)
         except ValueError:
-            pass
+            continue
+        if not math.isfinite(value):
+            raise ValueError(f"{raw!r} is not a finite number")
+        return value
     return raw
 
 
@@ -80,7 +86,10 @@ def parse_params(items: Sequence[str]) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         if not sep or not key.isidentifier():
             raise UsageError(f"bad --param {item!r}; expected key=value, e.g. token_budget=256")
-        params[key] = parse_value(raw)
+        try:
+            params[key] = parse_value(raw)
+        except ValueError as e:
+            raise UsageError(f"bad --param {item!r}: {e}") from None
     return params
 
 

@@ -273,3 +273,24 @@ def test_unknown_param_error_lists_what_the_policy_accepts(capsys, policy, prese
 def test_policies_json_lists_params(capsys):
     rows = json.loads(run_cli(capsys, "policies", "--json")[1])
     assert all(r["params"] == policy_params(r["name"]) for r in rows)
+
+
+# ---- non-finite and non-integer parameter values -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["edf", "sarathi", "autellix", "sjf", "tempo"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 2.5, 0, True, "512"])
+def test_token_budget_must_be_a_finite_integer(policy, value):
+    with pytest.raises(ValueError, match=f"token_budget={value!r}"):
+        make_policy(policy, None, token_budget=value)
+
+
+def test_integer_valued_token_budget_is_an_int():
+    assert make_policy("edf", None, token_budget=256.0, max_num_seqs=np.int64(8)).scheduler.token_budget == 256
+    assert type(make_policy("edf", None, max_num_seqs=np.int64(8)).scheduler.max_num_seqs) is int
+
+
+@pytest.mark.parametrize("raw", ["nan", "NaN", "inf", "-inf", "Infinity"])
+def test_param_refuses_non_finite_numbers(capsys, raw):
+    rc, out, err = run_cli(capsys, "simulate", "--policy", "edf", "--param", f"token_budget={raw}")
+    assert rc == 2 and out == "" and f"token_budget={raw}" in err and "not a finite number" in err

@@ -111,10 +111,19 @@ class TokenBudgetScheduler(Scheduler):
     steady_through_finish = True
 
     def __init__(self, token_budget: int = 512, max_num_seqs: int = 256) -> None:
-        if token_budget < 1 or max_num_seqs < 1:
-            raise ValueError(f"token_budget={token_budget} and max_num_seqs={max_num_seqs} must be >= 1")
-        self.token_budget = token_budget
-        self.max_num_seqs = max_num_seqs
+        self.token_budget = positive_count("token_budget", token_budget)
+        self.max_num_seqs = positive_count("max_num_seqs", max_num_seqs)
+
+
+def positive_count(name: str, value: object) -> int:
+    """``value`` as an ``int`` when it is a finite, integer-valued number >= 1 (``512.0`` is ``512``); else a
+    ``ValueError`` naming ``name`` and the value (NaN, inf, 2.5, 0, booleans and strings are refused)."""
+    number = value.item() if isinstance(value, np.generic) else value
+    if isinstance(number, float) and number.is_integer():
+        number = int(number)
+    if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+        raise ValueError(f"{name}={value!r}; must be a finite integer >= 1")
+    return int(number)
 
 
 class BatchBuilder:
