@@ -294,3 +294,29 @@ def test_integer_valued_token_budget_is_an_int():
 def test_param_refuses_non_finite_numbers(capsys, raw):
     rc, out, err = run_cli(capsys, "simulate", "--policy", "edf", "--param", f"token_budget={raw}")
     assert rc == 2 and out == "" and f"token_budget={raw}" in err and "not a finite number" in err
+
+
+# ---- profile records errors name the line ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("column, value", [("time_s", -0.01), ("time_s", float("nan")), ("decode_ctx", -5)])
+def test_profile_fit_bad_record_names_file_field_and_line(capsys, tmp_path, records_csv, column, value):
+    df = pd.read_csv(records_csv)
+    df.loc[6, column] = value  # data row 7: line 8 of the file, line 9 after the blank line below
+    lines = df.to_csv(index=False).splitlines()
+    path = tmp_path / "bad_records.csv"
+    path.write_text("\n".join([*lines[:3], "", *lines[3:]]) + "\n")
+    rc, out, err = run_cli(capsys, "profile", "fit", str(path), "--family", "quadratic", "--out",
+                           str(tmp_path / "p.json"), "--kv-tokens", "1000")
+    assert rc == 2 and out == ""
+    assert str(path) in err and repr(column) in err and "line 9 " in err
+
+
+def test_profile_fit_records_with_a_field_too_many_raise(capsys, tmp_path, records_csv):
+    """Every row one field longer than the header: pandas would shift the columns under the header."""
+    lines = records_csv.read_text().splitlines()
+    path = tmp_path / "shifted.csv"
+    path.write_text("\n".join([lines[0], *(f"0,{row}" for row in lines[1:])]) + "\n")
+    rc, out, err = run_cli(capsys, "profile", "fit", str(path), "--family", "quadratic", "--out",
+                           str(tmp_path / "p.json"), "--kv-tokens", "1000")
+    assert rc == 2 and str(path) in err and "line 2 has more fields than the header" in err

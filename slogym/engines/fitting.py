@@ -9,6 +9,7 @@ Fitting needs SciPy (the ``dev`` extra); simulating with fitted models does not.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -39,21 +40,53 @@ least linear, then x1.5 / x4/3 steps); a fit keeps those its training rows conta
 largest token count, so every knot's value is pinned by measured batches."""
 
 
+def _read_records_csv(path: str | Path) -> tuple[pd.DataFrame, str]:
+    """A records CSV, indexed by file line (header = line 1; blank lines count), and the word for its rows."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            # index_col=False: a first row with one field too many would otherwise become the index and shift
+            # every column left (time_s read from the next column); pandas then drops the surplus and warns
+            df = pd.read_csv(path, index_col=False, skip_blank_lines=False)
+    except pd.errors.ParserWarning:
+        raise ValueError("line 2 has more fields than the header") from None
+    df.index = pd.RangeIndex(2, len(df) + 2)
+    return df[df.notna().any(axis=1)], "line"
+
+
+def _cell(df: pd.DataFrame, column: str, k: int) -> object:
+    value = df[column].iloc[k]
+    return value.item() if isinstance(value, np.generic) else value
+
+
 def load_records(records: pd.DataFrame | str | Path) -> pd.DataFrame:
-    """Validated records: feature columns as int64 (missing = 0), ``time_s`` finite and positive."""
-    df = pd.read_csv(records) if isinstance(records, (str, Path)) else records.copy()
+    """Validated records: feature columns as int64 (missing = 0), ``time_s`` finite and positive.
+
+    A bad value is reported with its row: the file line for a CSV path, else the 0-based row position."""
+    if isinstance(records, (str, Path)):
+        df, where = _read_records_csv(records)
+    else:
+        df, where = records.reset_index(drop=True), "row"
     if "time_s" not in df.columns:
         raise ValueError("records need a 'time_s' column (seconds per iteration)")
+    if len(df) == 0:
+        raise ValueError("records: no rows")
     t = pd.to_numeric(df["time_s"], errors="coerce").to_numpy(np.float64)
-    if len(df) == 0 or not np.isfinite(t).all() or (t <= 0).any():
-        raise ValueError("records: 'time_s' must be present, finite and > 0 on every row")
+    bad = ~np.isfinite(t) | (t <= 0)
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise ValueError(f"records: 'time_s' must be present, finite and > 0 on every row; {where} {df.index[k]} "
+                         f"has {_cell(df, 'time_s', k)!r}")
     for name in BatchFeatures._fields:
         col = pd.to_numeric(df[name], errors="coerce") if name in df.columns else pd.Series(0, index=df.index)
-        if col.isna().any() or (col < 0).any():
-            raise ValueError(f"records: feature column {name!r} must be non-negative numbers")
+        bad = (col.isna() | (col < 0)).to_numpy()
+        if bad.any():
+            k = int(np.argmax(bad))
+            raise ValueError(f"records: feature column {name!r} must be non-negative numbers; {where} "
+                             f"{df.index[k]} has {_cell(df, name, k)!r}")
         df[name] = col.astype(np.int64)
     df["time_s"] = t
-    return df
+    return df.reset_index(drop=True)
 
 
 def features_of(df: pd.DataFrame) -> BatchFeatures:
