@@ -12,7 +12,9 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -153,6 +155,17 @@ def _make_policy(name: str, engine: Any, router: str | None, params: dict[str, A
                          f"accepted: {', '.join(policy_params(name))}") from None
 
 
+def _read_trace(path: str) -> Any:
+    """The ``--trace`` file read by :func:`~slogym.workloads.readers.read_trace` (``on_error="raise"``); the rows
+    it still drops (BurstGPT's failed requests) are counted in ``Trace.skipped``, which the summary reports as
+    ``trace_skipped``, instead of the reader's warning."""
+    from slogym.workloads.readers import read_trace
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=re.escape(f"{Path(path)}: "), category=UserWarning)
+        return read_trace(path)
+
+
 def _fmt(x: Any, scale: float = 1.0, spec: str = ".1f") -> str:
     return "n/a" if x is None or not math.isfinite(x) else format(x * scale, spec)
 
@@ -191,6 +204,7 @@ def format_summary(s: dict[str, Any], header: str) -> str:
         f"{'cost':<18}{_fmt(s['cost_instance_seconds'])} instance-seconds "
         f"(utilization {_pct(s['utilization'])}; {_fmt(s.get('cost_per_request'), spec='.3f')} per served request)",
         *([f"{'KV transfers':<18}{s['kv_transfers']}"] if s.get("pd") else []),
+        *([f"{'trace skipped':<18}{_counts(s['trace_skipped'])}"] if "trace_skipped" in s else []),
         f"{'outcomes':<18}{_counts(s['outcomes'])}",
         f"{'dropped reasons':<18}{_counts(s['dropped_reasons'])}",
         f"{'preemptions':<18}{s['preemptions']} ({s['recomputed_tokens']} tokens recomputed)",
@@ -239,8 +253,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     engine = _load_engine(args.engine)
     policy = _make_policy(args.policy, engine, args.router, params)
     try:
+        trace = None if args.trace is None else _read_trace(args.trace)
         workload = make_workload(args.scenario, rate=args.rate, n_requests=args.requests, duration=args.duration,
-                                 seed=args.seed, trace=args.trace, slo=args.slo, engine=engine)
+                                 seed=args.seed, trace=trace, slo=args.slo, engine=engine)
     except (OSError, ValueError) as e:  # TraceFormatError is a ValueError naming file, row and field
         raise UsageError(str(e).splitlines()[0]) from None
 
@@ -258,8 +273,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     result = sim.run().result()
     if args.out is not None:
         result.to_parquet(args.out)
+    summary = result.summary | ({} if trace is None else {"trace_skipped": dict(trace.skipped)})
     if args.json:
-        _print_json(result.summary)
+        _print_json(summary)
         return 0
     if args.rate is not None:
         rate = f"{args.rate:g} req/s"
@@ -269,7 +285,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     shape = f"{n_inst} x {engine.name}" + (f" (PD {args.pd[0]}:{args.pd[1]})" if args.pd else "")
     header = (f"{args.scenario}{source} | policy {args.policy} | {shape}{note} | rate {rate} | "
               f"{len(workload)} requests | seed {args.seed}")
-    print(format_summary(result.summary, header))
+    print(format_summary(summary, header))
     if args.out is not None:
         print(f"{'records':<18}{args.out} ({len(result.records)} rows)")
     return 0

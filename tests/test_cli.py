@@ -320,3 +320,21 @@ def test_profile_fit_records_with_a_field_too_many_raise(capsys, tmp_path, recor
     rc, out, err = run_cli(capsys, "profile", "fit", str(path), "--family", "quadratic", "--out",
                            str(tmp_path / "p.json"), "--kv-tokens", "1000")
     assert rc == 2 and str(path) in err and "line 2 has more fields than the header" in err
+
+
+# ---- trace skips in the summary, learned agents ------------------------------------------------------------
+
+
+def test_simulate_reports_trace_skips(capsys, tmp_path):
+    """BurstGPT failed requests (Response tokens = 0) are dropped by the reader; the summary counts them."""
+    trace = tmp_path / "burst.csv"
+    rows = [f"{i},ChatGPT,{100 + i},{0 if i in (3, 7) else 20 + i},0,Conversation log" for i in range(40)]
+    trace.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n" + "\n".join(rows))
+    rc, out, err = run_cli(capsys, "simulate", "--trace", str(trace), "--json")
+    s = json.loads(out)
+    assert rc == 0 and err == ""
+    assert s["trace_skipped"] == {"failed_request": 2} and s["n_requests"] == 38
+    rc, out, _ = run_cli(capsys, "simulate", "--trace", str(trace))
+    assert rc == 0 and "trace skipped     failed_request 2" in out
+    rc, out, _ = run_cli(capsys, *RUN, "--json")
+    assert "trace_skipped" not in json.loads(out)
