@@ -155,6 +155,28 @@ def _make_policy(name: str, engine: Any, router: str | None, params: dict[str, A
                          f"accepted: {', '.join(policy_params(name))}") from None
 
 
+def _load_agent(policy: str, scenario: str, n_instances: int, params: dict[str, Any], router: str | None) -> Any:
+    """A shipped learned agent ``agent:<name>`` as the leaderboard resolves it, on the scenario and cluster size it
+    was trained for only (its observations fit nothing else)."""
+    from slogym.leaderboard.board import agent_setting
+    from slogym.leaderboard.sweep import RunSpec, make_policy_for
+
+    if params or router is not None:
+        raise UsageError(f"{policy} takes no --param or --router (its decisions are learned)")
+    try:
+        setting = agent_setting(policy)
+    except ValueError as e:  # unknown agent: lists the shipped ones
+        raise UsageError(str(e)) from None
+    trained = (setting["scenario"], setting["n_instances"])
+    if (scenario, n_instances) != trained:
+        raise UsageError(f"{policy} was trained on scenario {trained[0]!r} with {trained[1]} instance(s); "
+                         f"run it with --scenario {trained[0]} --instances {trained[1]}")
+    try:
+        return make_policy_for(RunSpec(policy, scenario, 0.0, 0, 0, n_instances=n_instances), None)
+    except ImportError as e:
+        raise UsageError(f"{policy} needs the rl extra (pip install 'slogym[rl]'): {e}") from None
+
+
 def _read_trace(path: str) -> Any:
     """The ``--trace`` file read by :func:`~slogym.workloads.readers.read_trace` (``on_error="raise"``); the rows
     it still drops (BurstGPT's failed requests) are counted in ``Trace.skipped``, which the summary reports as
@@ -242,7 +264,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from slogym.workloads.scenarios import SCENARIOS, list_scenarios, make_workload
 
     _check_choice("scenario", args.scenario, list_scenarios())
-    _check_choice("policy", args.policy, list_policies())
+    agent = args.policy.startswith("agent:")
+    if not agent:
+        _check_choice("policy", args.policy, list_policies())
     if args.router is not None:
         _check_choice("router", args.router, list(ROUTERS))
     params = parse_params(args.param)
@@ -251,7 +275,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.out is not None:
         _check_out_dir(args.out)
     engine = _load_engine(args.engine)
-    policy = _make_policy(args.policy, engine, args.router, params)
+    if agent:
+        if args.pd is not None:
+            raise UsageError(f"{args.policy} runs on the colocated cluster it was trained on, not with --pd")
+        policy = _load_agent(args.policy, args.scenario, _cluster_size(args), params, args.router)
+    else:
+        policy = _make_policy(args.policy, engine, args.router, params)
     try:
         trace = None if args.trace is None else _read_trace(args.trace)
         workload = make_workload(args.scenario, rate=args.rate, n_requests=args.requests, duration=args.duration,

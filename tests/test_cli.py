@@ -338,3 +338,24 @@ def test_simulate_reports_trace_skips(capsys, tmp_path):
     assert rc == 0 and "trace skipped     failed_request 2" in out
     rc, out, _ = run_cli(capsys, *RUN, "--json")
     assert "trace_skipped" not in json.loads(out)
+
+
+@pytest.mark.parametrize("argv, bad", [
+    (["--policy", "agent:nope"], "unknown agent 'nope'"),
+    (["--policy", "agent:admission-coder"], "trained on scenario 'coder' with 1 instance(s)"),
+    (["--policy", "agent:admission-coder", "--scenario", "coder", "--param", "token_budget=8"], "takes no --param"),
+])
+def test_simulate_agent_usage_errors(capsys, argv, bad):
+    rc, out, err = run_cli(capsys, "simulate", *argv)
+    assert rc == 2 and out == "" and bad in err
+
+
+def test_simulate_runs_a_shipped_agent(capsys):
+    pytest.importorskip("sb3_contrib")
+    from slogym.agents import available
+
+    if "admission-coder" not in available():
+        pytest.skip("admission-coder checkpoint not shipped")
+    rc, out, err = run_cli(capsys, "simulate", "--policy", "agent:admission-coder", "--scenario", "coder",
+                           "--requests", "40", "--json")
+    assert rc == 0 and json.loads(out)["n_requests"] == 40
