@@ -39,3 +39,12 @@ def test_attainment_falls_with_load(policy):
     lo, hi = _run(policy, 4.0, n=200), _run(policy, 40.0, n=200)
     assert lo.summary["attainment"] > hi.summary["attainment"]
     assert lo.summary["ttft_p90"] < hi.summary["ttft_p90"]
+
+
+@pytest.mark.parametrize("policy,params", [("vllm", {"max_num_batched_tokens": float("nan")}),
+                                           ("vllm", {"watermark": float("nan")}), ("vllm", {"max_num_seqs": 2.5}),
+                                           ("sa", {"max_batch_size": float("nan")}),
+                                           ("sa", {"max_num_batched_tokens": 0})])
+def test_numeric_parameters_refuse_nan_and_non_integers(policy, params):
+    with pytest.raises(ValueError, match=next(iter(params))):
+        make_policy(policy, None, **params)

@@ -92,7 +92,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from slogym.baselines.common import batch_of, fill_prefill_chunks, make_room_for_decodes, split_running, unstick
+from slogym.baselines.common import (batch_of, fill_prefill_chunks, make_room_for_decodes, positive_count,
+                                     split_running, unstick)
 from slogym.baselines.sa_kernels import anneal_population, score_plans
 from slogym.core.batch import Batch, BatchFeatures
 from slogym.core.instance import Instance
@@ -418,22 +419,18 @@ class SAScheduler(Scheduler):
                  t_min: float = 20.0, alpha: float = 0.95, iters: int = 500, max_entries: int | None = 8192,
                  exhaustive_max: int = 7, history: Sequence[tuple[str, int]] | None = None,
                  history_requests: int = 1500, length_error: float = 0.0) -> None:
-        if max_batch_size < 1 or max_num_batched_tokens < 1:
-            raise ValueError("max_batch_size and max_num_batched_tokens must be >= 1")
         if not 0 <= length_error < 1 or (length_error > 0 and predictor != "oracle"):
             raise ValueError(f"length_error={length_error}; must be in [0, 1), and > 0 only with predictor='oracle' "
                              f"(got predictor={predictor!r})")
-        if history_requests < 1:
-            raise ValueError(f"history_requests={history_requests}; must be >= 1")
         self.history = None if history is None else tuple((str(app), int(length)) for app, length in history)
         bad = [h for h in self.history or () if h[1] < 1]
         if bad:
             raise ValueError(f"history entries {bad[:3]} have output lengths < 1; every length must be >= 1")
-        self.history_requests = history_requests
+        self.history_requests = positive_count("history_requests", history_requests)
         if search not in ("anneal", "exhaustive") or predictor not in ("gaussian", "oracle"):
             raise ValueError(f"search={search!r} (anneal|exhaustive), predictor={predictor!r} (gaussian|oracle)")
-        self.max_batch_size = max_batch_size
-        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_batch_size = positive_count("max_batch_size", max_batch_size)
+        self.max_num_batched_tokens = positive_count("max_num_batched_tokens", max_num_batched_tokens)
         self.search = search
         self.predictor = predictor
         self.prior_len = prior_len

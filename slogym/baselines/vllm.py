@@ -18,7 +18,7 @@ from __future__ import annotations
 from itertools import chain
 
 from slogym.baselines.common import (batch_of, decode_batch, fill_prefill_chunks, make_room_for_decodes,
-                                     split_running, unstick)
+                                     positive_count, split_running, unstick)
 from slogym.core.batch import Batch
 from slogym.core.instance import Instance
 from slogym.core.pilot import PREFILL_FIRST
@@ -30,11 +30,11 @@ class VLLMScheduler(Scheduler):
 
     def __init__(self, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                  watermark: float = 0.01) -> None:
-        if max_num_seqs < 1 or max_num_batched_tokens < 1:
-            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.watermark = watermark
+        if not 0.0 <= watermark < 1.0:  # also refuses NaN
+            raise ValueError(f"watermark={watermark!r}; must be a fraction of the KV blocks in [0, 1)")
+        self.max_num_seqs = positive_count("max_num_seqs", max_num_seqs)
+        self.max_num_batched_tokens = positive_count("max_num_batched_tokens", max_num_batched_tokens)
+        self.watermark = float(watermark)
 
     def next_batch(self, inst: Instance, now: float) -> Batch | None:
         dec, pre = split_running(inst)
