@@ -202,7 +202,8 @@ def _expected(key: str) -> tuple[str, Callable[[float], bool]]:
     if key.split()[1].startswith("tempo/"):
         lo, hi = PAPER[metric]
         return f"{lo:g}-{hi:g}x (> 1)", lambda v: v > 1.0 + MARGIN
-    return "< 1 (ablation, Fig. 15)", lambda v: v < 1.0 - MARGIN
+    unit = "" if key.startswith("user_") else "; per call, not its unit"  # Fig. 15 scores a collective once
+    return f"< 1 (ablation, Fig. 15{unit})", lambda v: v < 1.0 - MARGIN
 
 
 def _print_ratios(table: list[tuple[str, dict[str, list[float]]]], seconds: float) -> None:
@@ -250,8 +251,15 @@ Where slogym differs from the paper, and why:
   module. tempo-no-predictor keeps section 4.1's conservative bound, its level (0.9) and its refresh period and
   removes only the model: one history-wide length quantile for every request (1350 tokens on tempo-mix), raised
   by refresh_tokens as generation passes it. no-predictor-mean is its former definition (the history mean).
-  no-graph loses service gain per collective; per call its chains keep more calls within the end-to-end
-  deadline. Tempo-SJF is a section 6.1 baseline, not a Fig. 15 ablation.
+  Tempo-SJF is a section 6.1 baseline, not a Fig. 15 ablation.
+* Fig. 15's goodput is per user request on one run (a collective is one request): the user_attainment rows.
+  No-graph's per-call goodput above Tempo is no deviation (docs/baselines/tempo.md, "Why removing graph matching
+  raises per-call goodput"; 3 seeds): half or more of it is the drain span (Tempo's tail of late code-generation
+  chains is 0-8% longer), the rest chain calls of chains that still miss -- without stage deadlines a safeguard call
+  runs at once (7 s) instead of waiting behind its ~6 s matched share, which the QRF bound projects it past (26 s):
+  +573-736 chain calls met (3 seeds summed), 0-47 whole chains, paid for by trees of thoughts and singles. Per user
+  request no-graph is below Tempo in all four settings (0.98 / 0.84 / 0.99 / 0.84); true stage ratios act like the
+  match.
 * Known difference (docs/baselines/tempo.md, "The known difference"): on tempo-mix Poisson at 1.5x the no-predictor
   ablation earns ~1% MORE service gain than Tempo (5 seeds: 1.011 +- 0.006 per user request; the paper: slightly
   less), with as many requests meeting their SLO (0.997). The predictor is used as section 4.1 says (0.9 quantile,
