@@ -184,7 +184,7 @@ def test_log_token_table_is_log_tokens_bit_for_bit():
 
 def test_expert_batch_beyond_K_raises_naming_the_requests():
     env = busy_batching_env(steps=40, K=2)
-    with pytest.raises(ValueError, match=r"not among the first K candidates"):
+    with pytest.raises(ValueError, match=r"not among the first K=2 candidates"):
         for _ in range(200):  # some Sarathi batch soon holds more than 2 requests
             env.step(env.expert_action())
 
