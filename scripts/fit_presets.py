@@ -12,11 +12,13 @@ Steps (see docs/engines.md):
 4. fit the analytic family's GEMM/elementwise/fixed terms with 20% of rows held out (LM head disabled: the profiles
    have none), then ship the model with the real vocabulary and a per-iteration CPU overhead assumption.
 
-Run from the repository root: ``python scripts/fit_presets.py``.
+``python scripts/fit_presets.py`` fits and prints every preset and writes nothing; ``--out DIR`` writes the preset
+JSONs to ``DIR``; ``--write`` overwrites the shipped presets in ``slogym/engines/presets`` (what a release does).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -164,9 +166,11 @@ def sanity(perf: Any) -> dict[str, float]:
             "prefill_2048_ms": round(float(perf.batch_time(pre)[0]) * 1e3, 1)}
 
 
-def write(spec: EngineSpec) -> None:
+def write(spec: EngineSpec, out: Path | None) -> None:
+    """Print the preset's key figures and fit; write its JSON into ``out`` (nothing when ``None``)."""
     spec.provenance["key_figures"] = sanity(spec.perf)
-    (OUT / f"{spec.name}.json").write_text(json.dumps(spec.to_dict(), indent=1) + "\n")
+    if out is not None:
+        (out / f"{spec.name}.json").write_text(json.dumps(spec.to_dict(), indent=1) + "\n")
     print(spec.name, spec.provenance["key_figures"], "kv", spec.kv_capacity_tokens,
           "fit", spec.provenance["fit"])
 
@@ -216,7 +220,14 @@ def qwen_v100() -> EngineSpec:
 
 
 def main() -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--out", type=Path, help="write the preset JSONs into this folder")
+    where.add_argument("--write", action="store_true", help=f"overwrite the shipped presets in {OUT}")
+    args = ap.parse_args()
+    out = OUT if args.write else args.out
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
     attn, attn_err = calibrate_attention()
     print("attention", attn, f"MAPE {attn_err:.1f}%")
     fits: dict[tuple[str, str, int], tuple[dict[str, float], dict[str, Any]]] = {}
@@ -243,7 +254,9 @@ def main() -> None:
         qwen_v100(),
     ]
     for s in specs:
-        write(s)
+        write(s, out)
+    if out is None:
+        print("(fitted only; --out DIR or --write to save the presets)")
 
 
 if __name__ == "__main__":
