@@ -92,7 +92,8 @@ POLICY_DESCRIPTIONS: dict[str, str] = {
     "tempo-sjf": "shortest predicted job first with Tempo's analyzer (Tempo-SJF baseline)",
     "tempo-no-graph": "Tempo without DAG matching (Fig. 15 ablation)",
     "tempo-no-predictor": "Tempo without the QRF length predictor (Fig. 15 ablation)",
-    "slos-serve": "SLOs-Serve multi-SLO DP admission, dynamic batches, adaptive speculation, routing (Chen et al. 2025)",
+    "slos-serve": ("SLOs-Serve multi-SLO DP admission, dynamic batches, adaptive speculation, routing "
+                   "(Chen et al. 2025)"),
     "slos-serve-no-spec": "SLOs-Serve without speculative decoding (Fig. 14 ablation)",
     "slos-serve-no-dbs": "SLOs-Serve without dynamic batch sizing: fixed tightest-TPOT batches (Fig. 14 ablation)",
     "slos-serve-no-admission": "SLOs-Serve admitting every request (Fig. 14 ablation)",

@@ -334,7 +334,8 @@ class DispatcherState:
     def model(self, inst: Instance) -> LatencyModel:
         m = self.models.get(inst.engine.name)
         if m is None:
-            m = self.models[inst.engine.name] = LatencyModel.fit(inst.engine, 2 * int(inst.engine.max_num_batched_tokens))
+            m = LatencyModel.fit(inst.engine, 2 * int(inst.engine.max_num_batched_tokens))
+            self.models[inst.engine.name] = m
         return m
 
     def decode_cost(self, inst: Instance, dec: np.ndarray) -> float:

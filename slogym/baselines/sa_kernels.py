@@ -83,7 +83,7 @@ def _accept(x: float, u: float) -> bool:
     return ok
 
 
-# ============================================================================ objective and moves (B_max > 1, references)
+# ======================================================================= objective and moves (B_max > 1, references)
 @njit(**_INLINE)
 def _score(plans: np.ndarray, q: int, n: int, exec_time: np.ndarray, limit: np.ndarray,
            dur: np.ndarray) -> tuple[float, float]:

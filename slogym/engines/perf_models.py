@@ -317,7 +317,8 @@ class AnalyticPerf(PerfModel):
         decode   = L * decode_ctx * max(F_att / (peak*attn_eff), KV_layer / (bw*attn_bw_eff))
         attn_fix = L * attn_fixed_s * ([prefill present] + [decode present])
         allreduce= 2 * L * (ar_lat_s + T * hidden * dtype / ar_bw)            (only when tp > 1)
-        lm_head  = max(R * 2*hidden*V/tp / (peak*mm_eff), hidden*V/tp*dtype / (bw*bw_eff)),  R = prefill_seqs + decode_tokens
+        lm_head  = max(R * 2*hidden*V/tp / (peak*mm_eff), hidden*V/tp*dtype / (bw*bw_eff)),
+                   R = prefill_seqs + decode_tokens
         time     = overhead_s + linear + prefill + decode + attn_fix + allreduce + lm_head   (0 for an empty batch)
 
     ``F_lin = 2 * P_layer / tp`` FLOPs per token (``P_layer`` = QKV + O + ``mlp_mats`` x hidden x intermediate
@@ -431,7 +432,8 @@ def weight_bytes(model: str, dtype_bytes: int = 2) -> int:
     """Total weight bytes of ``model`` (linear layers + embeddings + LM head; norms and biases neglected)."""
     c = MODEL_CONFIGS[model]
     qkv = (c["n_heads"] + 2 * c["n_kv_heads"]) * c["head_dim"]
-    layer = c["hidden"] * qkv + c["n_heads"] * c["head_dim"] * c["hidden"] + c["mlp_mats"] * c["hidden"] * c["intermediate"]
+    layer = (c["hidden"] * qkv + c["n_heads"] * c["head_dim"] * c["hidden"]
+             + c["mlp_mats"] * c["hidden"] * c["intermediate"])
     emb = c["vocab"] * c["hidden"] * (1 if model in TIED_EMBEDDINGS else 2)
     return int((c["n_layers"] * layer + emb) * dtype_bytes)
 

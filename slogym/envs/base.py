@@ -344,7 +344,8 @@ class ServingEnv(gym.Env):
         self._history.append((sim.now, np.array(loads, dtype=np.float64)))
         if self.render_mode == "ansi":
             inst = " ".join(f"[{w}w {r}r kv{u:.0%}]" for w, r, u in loads)
-            return (f"t={sim.now:9.3f}s {getattr(self, 'render_label', self.decision):8s} done={sim._n_done}/{len(sim.w)} "
+            label = getattr(self, "render_label", self.decision)
+            return (f"t={sim.now:9.3f}s {label:8s} done={sim._n_done}/{len(sim.w)} "
                     f"met={self._n_met} {inst}")
         return self._render_rgb()
 

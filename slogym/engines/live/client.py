@@ -100,10 +100,10 @@ class EngineConfig:
     elapsed time of the engine step), ``cpu`` (the CPU time of the engine thread during the step with
     ``threads=1``, of the engine process otherwise -- on a shared, oversubscribed machine the time the step
     would take on a dedicated core, without the periods the OS ran other work) or ``norm`` (that CPU time scaled
-    to the machine's quiet speed by a reference loop timed right before and after every step, :class:`~slogym.engines.live.worker.
-    SpeedReference`: removes the slow drift of CPU time with other tenants' load; ``ref_reps`` passes of the
-    kernel per sample, the factor from the geometric mean of the last ``ref_window`` samples -- this step's two
-    and the previous step's; ~0.6 ms of extra wall time per step for hidden 256, not counted; ``ref_hidden``:
+    to the machine's quiet speed by a reference loop timed right before and after every step,
+    :class:`~slogym.engines.live.worker.SpeedReference`: removes the slow drift of CPU time with other tenants'
+    load; ``ref_reps`` passes of the kernel per sample, the factor from the geometric mean of the last
+    ``ref_window`` samples -- this step's two and the previous step's; ~0.6 ms of extra wall time per step for hidden 256, not counted; ``ref_hidden``:
     the hidden size its GEMMs are shaped like, default the model's). ``norm_elasticity`` ``e`` and
     ``norm_preempt`` ``b`` (batch kind -> exponent; defaults 1 and 0 for every kind) make the ``norm`` time
     ``cpu_s * factor ** e * max(wall_s / cpu_s, 1) ** -b``: how strongly a kind's CPU time follows the
@@ -118,7 +118,8 @@ class EngineConfig:
     It holds one core for as long as a step runs (the engine still blocks between steps; the kernel's RT
     throttling leaves others 5 % of that core in any case). ``gc_in_step=False`` disables Python's garbage
     collector inside the step (a diagnosis knob: no measurable effect). The worker raises oneDNN's primitive
-    cache (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, default 8192 here, 1024 in oneDNN) so that a warmed-up engine keeps every GEMM shape it has seen.
+    cache (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, default 8192 here, 1024 in oneDNN) so that a warmed-up engine keeps
+    every GEMM shape it has seen.
     """
 
     model: str
