@@ -104,7 +104,8 @@ class EngineConfig:
     :class:`~slogym.engines.live.worker.SpeedReference`: removes the slow drift of CPU time with other tenants'
     load; ``ref_reps`` passes of the kernel per sample, the factor from the geometric mean of the last
     ``ref_window`` samples -- this step's two and the previous step's; ~0.6 ms of extra wall time per step for
-    hidden 256, not counted; ``ref_hidden``: the hidden size its GEMMs are shaped like, default the model's). ``norm_elasticity`` ``e`` and
+    hidden 256, not counted; ``ref_hidden``: the hidden size its GEMMs are shaped like, default the model's).
+    ``norm_elasticity`` ``e`` and
     ``norm_preempt`` ``b`` (batch kind -> exponent; defaults 1 and 0 for every kind) make the ``norm`` time
     ``cpu_s * factor ** e * max(wall_s / cpu_s, 1) ** -b``: how strongly a kind's CPU time follows the
     reference kernel's speed, and what being descheduled inside the step adds to it (cache refills);
