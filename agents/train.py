@@ -172,8 +172,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("config")
     ap.add_argument("overrides", nargs="*", help="dotted.key=value")
-    ap.add_argument("--out", default=str(ROOT / "checkpoints"))
+    ap.add_argument("--out", default=str(ROOT / "checkpoints"),
+                    help="folder for the checkpoint (.zip) and its metadata (.json); default: the shipped agents' "
+                         "agents/checkpoints, which a run with overrides may not replace without --force")
+    ap.add_argument("--force", action="store_true", help="let a run with overrides replace a shipped checkpoint")
     args = ap.parse_args()
+    if args.overrides and Path(args.out).resolve() == (ROOT / "checkpoints").resolve() and not args.force:
+        ap.error(f"overrides {args.overrides} change the agent: write it elsewhere with --out DIR (or --force to "
+                 f"replace the shipped checkpoint in {ROOT / 'checkpoints'})")
     cfg = load_config(args.config, args.overrides)
     torch.set_num_threads(1)
     seed = int(cfg["seed"])
