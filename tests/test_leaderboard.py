@@ -81,3 +81,59 @@ def test_quick_board_end_to_end_and_resume(tmp_path):
     meta2 = json.loads((tmp_path / "meta.json").read_text())
     assert meta2["cache"]["computed"] == 0 and meta2["cache"]["hits"] >= len(df)
     assert cap2.equals(cap)
+
+
+def _lengths_csv(path, n: int, out_tokens: int = 40):
+    path.write_text("num_prefill_tokens,num_decode_tokens\n" + f"100,{out_tokens}\n" * n)
+    return path
+
+
+def test_cache_key_follows_the_content_of_trace_engine_and_checkpoint(tmp_path, monkeypatch):
+    """A changed trace file, engine preset file or agent checkpoint must not return the old run (each board
+    fingerprints them afresh); the same content under another path or spelling may."""
+    from slogym.engines import get_engine
+    from slogym.leaderboard import InputFingerprints
+
+    def key(spec):  # a fresh board each time: fingerprints are computed once per board
+        return RunCache(tmp_path / "c", version="v", inputs=InputFingerprints())._path(spec).name
+
+    trace = _lengths_csv(tmp_path / "t.csv", 50)
+    with_trace = RunSpec("vllm", "coder", 1.0, 0, 50, trace=str(trace))
+    before = key(with_trace)
+    _lengths_csv(trace, 50, out_tokens=41)
+    assert key(with_trace) != before
+    (tmp_path / "other").mkdir()
+    monkeypatch.chdir(tmp_path / "other")  # the same relative name in another folder is another file
+    _lengths_csv(tmp_path / "other" / "t.csv", 50, out_tokens=7)
+    monkeypatch.chdir(tmp_path)
+    here = key(RunSpec("vllm", "coder", 1.0, 0, 50, trace="t.csv"))
+    monkeypatch.chdir(tmp_path / "other")
+    assert key(RunSpec("vllm", "coder", 1.0, 0, 50, trace="t.csv")) != here
+
+    preset = get_engine("llama3-8b-h100").to_dict()
+    (tmp_path / "e.json").write_text(json.dumps(preset))
+    on_file = RunSpec("vllm", "coder", 1.0, 0, 50, engine=str(tmp_path / "e.json"))
+    assert key(on_file) == key(RunSpec("vllm", "coder", 1.0, 0, 50))  # same content: name and file alike
+    preset["kv_capacity_tokens"] //= 2
+    (tmp_path / "e.json").write_text(json.dumps(preset))
+    assert key(on_file) != key(RunSpec("vllm", "coder", 1.0, 0, 50))
+
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    (agents / "a.json").write_text(json.dumps({"env_kwargs": {"scenario": "coder"}}))
+    (agents / "a.zip").write_bytes(b"one")
+    monkeypatch.setenv("SLOGYM_AGENTS_DIR", str(agents))
+    agent = RunSpec("agent:a", "coder", 1.0, 0, 50)
+    before = key(agent)
+    (agents / "a.zip").write_bytes(b"two")
+    assert key(agent) != before
+
+
+def test_a_changed_trace_file_is_rerun_not_served_from_the_cache(tmp_path):
+    trace = _lengths_csv(tmp_path / "t.csv", 60)
+    spec = RunSpec("vllm", "coder", 1.0, 0, 60, trace=str(trace))
+    first = Runner(RunCache(tmp_path / "c", version="v"), workers=1).run([spec])[0]
+    _lengths_csv(trace, 60, out_tokens=400)
+    cache = RunCache(tmp_path / "c", version="v")
+    second = Runner(cache, workers=1).run([spec])[0]
+    assert cache.misses == 1 and cache.hits == 0 and second["ttlt_p50"] != first["ttlt_p50"]

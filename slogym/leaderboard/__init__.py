@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from slogym.leaderboard.board import BoardConfig, build, run_board
 from slogym.leaderboard.capacity import CapacitySearch, bisect_capacity
-from slogym.leaderboard.sweep import RunCache, Runner, RunSpec, code_version, execute
+from slogym.leaderboard.sweep import InputFingerprints, RunCache, Runner, RunSpec, code_version, execute
 
 
 QUICK_SCENARIOS = ["chatbot", "coder", "mixed", "tempo-mix"]
@@ -33,5 +33,6 @@ def default_policies() -> list[str]:
     return [p for p in list_policies() if p not in ROUTERS and p not in REFERENCE_ONLY] + shipped_agents()
 
 
-__all__ = ["shipped_agents", "QUICK_POLICIES", "QUICK_SCENARIOS", "BoardConfig", "CapacitySearch", "RunCache", "RunSpec", "Runner", "bisect_capacity", "build",
-           "code_version", "default_policies", "execute", "run_board"]
+__all__ = ["shipped_agents", "QUICK_POLICIES", "QUICK_SCENARIOS", "BoardConfig", "CapacitySearch", "InputFingerprints",
+           "RunCache", "RunSpec", "Runner", "bisect_capacity", "build", "code_version", "default_policies", "execute",
+           "run_board"]

@@ -8,6 +8,7 @@ policy), ``meta.json`` (versions, code hash, seeds, engine preset, policy parame
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 import time
@@ -19,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from slogym.leaderboard.capacity import CapacitySearch
-from slogym.leaderboard.sweep import RunCache, Runner, RunSpec, code_version
+from slogym.leaderboard.sweep import InputFingerprints, RunCache, Runner, RunSpec, code_version
 
 LOAD_FACTORS = (0.5, 1.0, 1.5)
 
@@ -201,7 +202,22 @@ def plots(df: pd.DataFrame, cap: pd.DataFrame, cfg: BoardConfig, out: Path) -> l
     return paths
 
 
-def metadata(cfg: BoardConfig, wall: float) -> dict[str, Any]:
+def resolved(cfg: BoardConfig) -> BoardConfig:
+    """``cfg`` with the trace and an engine preset file as absolute paths (runs read the same file whatever the
+    working directory of the worker, and ``meta.json`` names it)."""
+    engine = str(Path(cfg.engine).resolve()) if cfg.engine.endswith(".json") else cfg.engine
+    trace = None if cfg.trace is None else str(Path(cfg.trace).resolve())
+    return dataclasses.replace(cfg, engine=engine, trace=trace)
+
+
+def input_record(cfg: BoardConfig, inputs: InputFingerprints) -> dict[str, Any]:
+    """What the runs read outside slogym's code, with the content hashes in their cache keys."""
+    return {"engine": {"name": cfg.engine, "sha256": inputs.engine(cfg.engine)},
+            "trace": None if cfg.trace is None else {"path": cfg.trace, "sha256": inputs.trace(cfg.trace)},
+            "agents": {p: {"sha256": inputs.agent(p)} for p in cfg.policies if p.startswith("agent:")}}
+
+
+def metadata(cfg: BoardConfig, wall: float, inputs: InputFingerprints | None = None) -> dict[str, Any]:
     import gymnasium
 
     import slogym
@@ -219,6 +235,7 @@ def metadata(cfg: BoardConfig, wall: float) -> dict[str, Any]:
                      "pandas": pd.__version__, "gymnasium": gymnasium.__version__},
         "config": {k: v for k, v in cfg.__dict__.items()},
         "engine_preset": eng.to_dict(),
+        "inputs": input_record(cfg, inputs or InputFingerprints()),
         "policy_params": params,
         "wall_seconds": wall,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -230,7 +247,8 @@ def build(cfg: BoardConfig, out: Path, workers: int = 2, ray: bool = False, ray_
     """Run (or resume) the board and write every output; returns the runs, the capacities, the Markdown."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    cache = RunCache(out / "cache")
+    cfg = resolved(cfg)
+    cache = RunCache(out / "cache", inputs=InputFingerprints())
     bar = None
     if progress:
         from tqdm import tqdm
@@ -243,7 +261,7 @@ def build(cfg: BoardConfig, out: Path, workers: int = 2, ray: bool = False, ray_
     finally:
         if bar is not None:
             bar.close()
-    meta = metadata(cfg, time.perf_counter() - t0)
+    meta = metadata(cfg, time.perf_counter() - t0, cache.inputs)
     meta["cache"] = {"hits": cache.hits, "computed": cache.misses}
     df.to_parquet(out / "runs.parquet", index=False)
     df.to_csv(out / "runs.csv", index=False)

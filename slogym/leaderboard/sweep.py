@@ -1,8 +1,10 @@
 """Runs of the leaderboard: one run = (policy, scenario, rate, seed) on an engine, cached on disk.
 
-A run is a pure function of its :class:`RunSpec` and the code version (a hash of slogym's source files and
-presets), so results are cached under that key and a re-run computes only what changed. Runs execute in a
-local process pool or as Ray tasks; both call :func:`execute` and give identical results.
+A run is a pure function of its :class:`RunSpec`, the code version (a hash of slogym's source files and
+presets) and the content of the files it reads outside the package (:class:`InputFingerprints`: the trace
+file, the engine preset, a learned agent's checkpoint), so results are cached under that key and a re-run
+computes only what changed. Runs execute in a local process pool or as Ray tasks; both call :func:`execute` and
+give identical results.
 """
 
 from __future__ import annotations
@@ -38,9 +40,83 @@ class RunSpec:
     attainment: str = "dslo"
     params: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
 
-    def key(self, version: str) -> str:
-        blob = json.dumps([asdict(self), version], sort_keys=True, default=str)
+    def key(self, version: str, inputs: dict[str, str | None] | None = None) -> str:
+        """Cache key: the spec and the code version; with ``inputs`` (:meth:`InputFingerprints.of`) the engine
+        and trace fields are replaced by their content hashes, so a preset named or given as a file with the same
+        content shares runs, and a changed trace, preset or checkpoint never returns a stale run."""
+        fields = asdict(self)
+        if inputs is not None:
+            fields |= inputs
+        blob = json.dumps([fields, version], sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class InputFingerprints:
+    """Content hashes of what a run reads outside slogym's own source (which :func:`code_version` covers):
+    the trace file's bytes, the loaded engine preset (``EngineSpec.to_dict()``, so a shipped name and a file with
+    the same content are alike) and a learned agent's checkpoint (``<name>.zip`` and ``<name>.json`` in
+    :func:`slogym.agents.checkpoint_dir`). Each is computed once per instance (one instance per board)."""
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple[str, str], str] = {}
+
+    def _get(self, kind: str, name: str, compute: Callable[[], str]) -> str:
+        if (kind, name) not in self._memo:
+            self._memo[(kind, name)] = compute()
+        return self._memo[(kind, name)]
+
+    def trace(self, path: str) -> str:
+        """SHA-256 of the trace file (keyed by its absolute path)."""
+        absolute = str(Path(path).resolve())
+        return self._get("trace", absolute, lambda: sha256_file(absolute))
+
+    def engine(self, name: str) -> str:
+        """SHA-256 of the preset's ``to_dict()`` as sorted JSON."""
+        def compute() -> str:
+            from slogym.engines import get_engine
+
+            blob = json.dumps(get_engine(name).to_dict(), sort_keys=True, default=str)
+            return hashlib.sha256(blob.encode()).hexdigest()
+
+        key = str(Path(name).resolve()) if name.endswith(".json") else name
+        return self._get("engine", key, compute)
+
+    def agent(self, policy: str) -> str:
+        """SHA-256 over agent ``agent:<name>``'s checkpoint files (``.zip`` then ``.json``)."""
+        def compute() -> str:
+            from slogym.agents import checkpoint_dir
+
+            base = checkpoint_dir() / policy.split(":", 1)[1]
+            h = hashlib.sha256()
+            for p in (base.with_suffix(".zip"), base.with_suffix(".json")):
+                h.update(sha256_file(p).encode())
+            return h.hexdigest()
+
+        return self._get("agent", policy, compute)
+
+    def of(self, spec: RunSpec) -> dict[str, str | None]:
+        """The fingerprints replacing ``spec``'s engine, trace and (for agents) policy fields in its cache key."""
+        fp: dict[str, str | None] = {"engine": self.engine(spec.engine),
+                                     "trace": None if spec.trace is None else self.trace(spec.trace)}
+        if spec.policy.startswith("agent:"):
+            fp["policy"] = f"{spec.policy}@{self.agent(spec.policy)}"
+        return fp
+
+    def recorded(self) -> dict[str, dict[str, str]]:
+        """Every fingerprint computed so far: ``{kind: {name or absolute path: sha256}}`` (for ``meta.json``)."""
+        out: dict[str, dict[str, str]] = {}
+        for (kind, name), sha in sorted(self._memo.items()):
+            out.setdefault(kind, {})[name] = sha
+        return out
 
 
 @lru_cache(maxsize=1)
@@ -78,30 +154,38 @@ def execute(spec: RunSpec) -> dict[str, Any]:
     sim = Simulator(w, eng, make_policy_for(spec, eng), spec.n_instances, seed=spec.seed,
                     attainment=spec.attainment).run()
     s = sim.result().summary
-    row = asdict(spec) | {k: s[k] for k in SUMMARY_KEYS}
+    return _spec_fields(spec) | {k: s[k] for k in SUMMARY_KEYS}
+
+
+def _spec_fields(spec: RunSpec) -> dict[str, Any]:
+    """The spec's fields of a run's row (``attainment`` is left to the summary metric of that name)."""
+    row = {k: v for k, v in asdict(spec).items() if k not in SUMMARY_KEYS}
     row["params"] = json.dumps(dict(spec.params), sort_keys=True)
     return row
 
 
 class RunCache:
-    """One JSON file per run under ``directory`` keyed by spec + code version."""
+    """One JSON file per run under ``directory`` keyed by spec + code version + input fingerprints."""
 
-    def __init__(self, directory: Path, version: str | None = None) -> None:
+    def __init__(self, directory: Path, version: str | None = None, inputs: InputFingerprints | None = None) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.version = version or code_version()
+        self.inputs = inputs or InputFingerprints()
         self.hits = 0
         self.misses = 0
 
     def _path(self, spec: RunSpec) -> Path:
-        return self.dir / f"{spec.key(self.version)}.json"
+        return self.dir / f"{spec.key(self.version, self.inputs.of(spec))}.json"
 
     def get(self, spec: RunSpec) -> dict[str, Any] | None:
+        """The cached row of ``spec`` (its spec fields as given now: a hit may come from a run of equal content
+        under another trace path or engine spelling), or None."""
         p = self._path(spec)
         if not p.exists():
             return None
         self.hits += 1
-        return json.loads(p.read_text())
+        return json.loads(p.read_text()) | _spec_fields(spec)
 
     def put(self, spec: RunSpec, row: dict[str, Any]) -> None:
         p = self._path(spec)
