@@ -137,3 +137,41 @@ def test_a_changed_trace_file_is_rerun_not_served_from_the_cache(tmp_path):
     cache = RunCache(tmp_path / "c", version="v")
     second = Runner(cache, workers=1).run([spec])[0]
     assert cache.misses == 1 and cache.hits == 0 and second["ttlt_p50"] != first["ttlt_p50"]
+
+
+def test_search_marks_capacities_cut_off_by_its_limits_as_censored():
+    s = CapacitySearch(start=1.0, iters=3, max_expand=3)
+    while not s.done:
+        s.update(1.0)
+    assert (s.capacity, s.censored, s.fail_rate) == (8.0, "above", None)
+    s = CapacitySearch(start=1.0, iters=3, max_expand=3)
+    while not s.done:
+        s.update(0.0)
+    assert (s.capacity, s.censored, s.fail_rate) == (0.0, "below", 0.125)
+    s = CapacitySearch(start=1.0, iters=3, max_expand=3)
+    while not s.done:
+        s.update(1.0 if s.next_rate() <= 3.0 else 0.0)
+    assert s.censored == "" and s.capacity == 3.0 and s.fail_rate == 3.25
+
+
+def test_censored_capacities_print_as_bounds_and_win_only_above_every_measured_value():
+    from slogym.leaderboard.board import _bold_best
+
+    idx = pd.Index(["vllm", "edf", "sa", "sjf"], name="policy")
+    cap = pd.DataFrame({"a": [3.0, 5.44, 5.44, 0.0], "b": [5.0, 4.0, 1.0, 0.0]}, index=idx)
+    cens = pd.DataFrame({"a": ["", "above", "above", "below"], "b": ["", "above", "", "below"]}, index=idx)
+    bound = pd.DataFrame({"a": [4.0, None, None, 0.085], "b": [6.0, None, 2.0, 0.085]}, index=idx)
+    out = _bold_best(cap, censored=cens, bound=bound)
+    assert list(out["a"]) == ["3.00", "**>= 5.44**", "**>= 5.44**", "< 0.09"]
+    assert list(out["b"]) == ["**5.00**", ">= 4.00", "1.00", "< 0.09"]  # a lower bound below a measured value
+
+
+def test_capacity_csv_and_markdown_carry_the_censoring(tmp_path):
+    cfg = BoardConfig.quick(["coder"], ["vllm"])
+    cfg.min_duration, cfg.iters, cfg.n_requests, cfg.max_expand = 5.0, 1, 40, 0
+    _, cap, md = build(cfg, tmp_path, workers=1, progress=False)
+    csv = pd.read_csv(tmp_path / "capacity.csv", keep_default_na=False)
+    assert list(csv.columns) == ["policy", "scenario", "capacity", "censored", "fail_rate"]
+    # max_expand=0: vllm passes at coder's default rate (attainment 1.0) and nothing above it is tried
+    assert csv.iloc[0]["censored"] == "above" and csv.iloc[0]["fail_rate"] == "" and cap.iloc[0]["capacity"] == 0.68
+    assert "| vllm | **>= 0.68** |" in md

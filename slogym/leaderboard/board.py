@@ -116,19 +116,45 @@ def run_board(cfg: BoardConfig, runner: Runner) -> tuple[pd.DataFrame, pd.DataFr
             s.update(float(np.mean([r["attainment"] for r in got[i:i + n]])))
             i += n
     df = pd.DataFrame(rows).drop_duplicates(subset=["policy", "scenario", "rate", "seed"])
-    cap = pd.DataFrame([{"policy": p, "scenario": sc, "capacity": s.capacity} for (p, sc), s in searches.items()])
+    cap = pd.DataFrame([{"policy": p, "scenario": sc, "capacity": s.capacity, "censored": s.censored,
+                         "fail_rate": np.nan if s.fail_rate is None else s.fail_rate}
+                        for (p, sc), s in searches.items()])
     return df.reset_index(drop=True), cap
 
 
-def _bold_best(table: pd.DataFrame, higher: bool = True, fmt: str = "{:.2f}") -> pd.DataFrame:
+def _bold_best(table: pd.DataFrame, fmt: str = "{:.2f}", censored: pd.DataFrame | None = None,
+               bound: pd.DataFrame | None = None) -> pd.DataFrame:
+    """``table`` formatted with ``fmt``, the best one-replica value of each column (higher is better) in bold.
+
+    With ``censored`` (``"above"`` / ``"below"`` / ``""`` per cell, :attr:`CapacitySearch.censored`) a value
+    censored above shows as ``>= x`` and is a lower bound: it is bold only if x is strictly above every uncensored
+    one-replica value of its column (and is the highest such bound); an uncensored value is bold if it is the
+    highest uncensored value and no censored value is bold. A value censored below shows as ``< y``, y its
+    ``bound`` (the lowest rate tried), and is never bold."""
     out = table.copy().astype(object)
     single = [replicas(str(p)) == 1 for p in table.index]
     for col in table.columns:
-        vals = table[col].astype(float)
-        ranked = vals[single] if any(single) else vals  # multi-replica rows are not compared with one replica
-        best = ranked.max() if higher else ranked.min()
-        out[col] = ["n/a" if not np.isfinite(v) else ("**" + fmt.format(v) + "**") if v == best and one
-                    else fmt.format(v) for v, one in zip(vals, single)]
+        vals = [float(v) for v in table[col]]
+        shown = [fmt.format(v) if np.isfinite(v) else "n/a" for v in vals]
+        cens = [""] * len(shown) if censored is None else [c if isinstance(c, str) else "" for c in censored[col]]
+        # multi-replica rows are not compared with one replica
+        ranked = [i for i, one in enumerate(single) if one and np.isfinite(vals[i])]
+        measured = [vals[i] for i in ranked if cens[i] == ""]
+        bounds = [vals[i] for i in ranked if cens[i] == "above"]
+        top = max(measured, default=-np.inf)
+        if bounds and max(bounds) > top:
+            best, kind = max(bounds), "above"
+        else:
+            best, kind = top, ""
+        cells = []
+        for i, (text, c) in enumerate(zip(shown, cens)):
+            bold = i in ranked and c == kind and np.isfinite(best) and vals[i] == best
+            if c == "above":
+                text = ">= " + text
+            elif c == "below":
+                text = "< " + (fmt.format(float(bound[col].iloc[i])) if bound is not None else text)
+            cells.append(f"**{text}**" if bold else text)
+        out[col] = cells
     return out
 
 
@@ -146,8 +172,9 @@ def _md(table: pd.DataFrame) -> str:
 
 
 def markdown(df: pd.DataFrame, capacity: pd.DataFrame, cfg: BoardConfig, meta: dict[str, Any]) -> str:
-    cap = capacity.pivot(index="policy", columns="scenario", values="capacity")
-    cap = cap.reindex(index=cfg.policies, columns=cfg.scenarios)
+    cap, censored, bound = (capacity.pivot(index="policy", columns="scenario", values=v)
+                            .reindex(index=cfg.policies, columns=cfg.scenarios)
+                            for v in ("capacity", "censored", "fail_rate"))
     at_default = df[np.isclose(df["rate"], df["scenario"].map(default_rate))]
     mean = at_default.groupby(["policy", "scenario"])[["attainment", "goodput", "user_service_gain_rate",
                                                       "sa_objective"]].mean()
@@ -159,8 +186,11 @@ def markdown(df: pd.DataFrame, capacity: pd.DataFrame, cfg: BoardConfig, meta: d
         f"## Serving capacity (req/s with >= {cfg.threshold:.0%} attainment; higher is better)",
         "Bisection over the arrival rate starting at each scenario's default rate; attainment averaged over seeds. "
         "Learned agents (`agent:<name>`) run only on the scenario and cluster size they were trained for; "
-        f"cluster-only baselines (P/D, tier pools) on {CLUSTER_SIZE} replicas. Bold marks the best one-replica row.",
-        _md(_bold_best(cap)),
+        f"cluster-only baselines (P/D, tier pools) on {CLUSTER_SIZE} replicas. Bold marks the best one-replica row. "
+        f"The doubling stops after {cfg.max_expand} doublings ({2 ** cfg.max_expand}x the default rate): `>= x` "
+        "means attainment still met the threshold there (a lower bound, bold only if above every measured value); "
+        "`< y` means even the lowest rate tried, y, missed it (never bold).",
+        _md(_bold_best(cap, censored=censored, bound=bound)),
     ]
     for metric, title, fmt in (("attainment", "Attainment at the default rate (each LLM call scored)", "{:.3f}"),
                                ("goodput", "Goodput at the default rate (LLM calls/s within SLO)", "{:.2f}"),

@@ -1,7 +1,11 @@
 """Serving capacity: the highest request rate with attainment >= a threshold (SLOs-Serve's metric), by bisection.
 
-Attainment falls with load, so the search first grows the rate until attainment drops below the threshold
-(or a cap is hit), then bisects between the last passing and the first failing rate. A search is a small state
+Attainment falls with load, so the search first doubles the rate until attainment drops below the threshold,
+then bisects between the last passing and the first failing rate. The doubling stops after ``max_expand``
+doublings (rate ``start * 2**max_expand``): if that rate still passes, the capacity is reported as that rate and
+marked censored ``"above"`` (a lower bound: the true capacity is at least it). If no rate passes (the start fails
+and so does every bisection point down to ``start / 2**iters``), the capacity is reported as 0 and censored
+``"below"`` (the true capacity is below :attr:`CapacitySearch.fail_rate`, the lowest rate tried). A search is a small state
 machine (:meth:`CapacitySearch.next_rate` / :meth:`CapacitySearch.update`) so the leaderboard can advance many
 searches together, one batch of runs per round.
 """
@@ -27,15 +31,31 @@ class CapacitySearch:
             raise ValueError(f"start={self.start}; must be > 0")
         self._expanded = 0
         self._bisected = 0
+        self._capped = False
 
     @property
     def done(self) -> bool:
-        return self.hi is not None and self._bisected >= self.iters
+        return self._capped or (self.hi is not None and self._bisected >= self.iters)
 
     @property
     def capacity(self) -> float:
         """Highest rate known to meet the threshold (0 if none did)."""
         return self.lo
+
+    @property
+    def fail_rate(self) -> float | None:
+        """Lowest rate known to miss the threshold (None if none did)."""
+        return self.hi
+
+    @property
+    def censored(self) -> str:
+        """``"above"``: the top rate of the doubling passed, the capacity is a lower bound; ``"below"``: no rate
+        passed, the capacity is below :attr:`fail_rate`; ``""``: bracketed by a passing and a failing rate."""
+        if self._capped:
+            return "above"
+        if self.done and self.lo == 0.0:
+            return "below"
+        return ""
 
     def next_rate(self) -> float:
         if self.hi is None:
@@ -50,9 +70,8 @@ class CapacitySearch:
             if ok:
                 self.lo = rate
                 self._expanded += 1
-                if self._expanded > self.max_expand:  # never failed up to the cap: report the cap
-                    self.hi = rate
-                    self._bisected = self.iters
+                if self._expanded > self.max_expand:  # never failed up to the cap: report the cap, censored
+                    self._capped = True
             else:
                 self.hi = rate
             return
