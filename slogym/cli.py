@@ -473,23 +473,34 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
                                     shipped_agents)
     from slogym.workloads.scenarios import list_scenarios
 
-    scenarios = (args.scenarios.split(",") if args.scenarios
+    scenarios = (_name_list("--scenarios", args.scenarios) if args.scenarios is not None
                  else list(QUICK_SCENARIOS) if args.quick else list_scenarios())
-    policies = (args.policies.split(",") if args.policies
+    policies = (_name_list("--policies", args.policies) if args.policies is not None
                 else list(QUICK_POLICIES) + shipped_agents() if args.quick else default_policies())
     for sc in scenarios:
         _check_choice("scenario", sc, list_scenarios())
     for pol in policies:
-        _check_choice("policy", pol, default_policies() + _all_policy_names())
+        _check_choice("policy", pol, list(dict.fromkeys(default_policies() + _all_policy_names())))
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {args.out!r} is a file; expected a directory (created if missing)")
+    if args.trace is not None:
+        if not Path(args.trace).is_file():
+            raise UsageError(f"trace file not found: {args.trace!r}")
+        try:
+            _read_trace(args.trace)
+        except (OSError, ValueError) as e:  # TraceFormatError is a ValueError naming file, row and field
+            raise UsageError(str(e).splitlines()[0]) from None
+    engine = _load_engine(args.engine)
     cfg = (BoardConfig.quick if args.quick else BoardConfig.full)(scenarios, policies)
     if args.seeds is not None:
         cfg.seeds = list(range(args.seeds))
     if args.requests is not None:
         cfg.n_requests = args.requests
-    cfg.engine = _load_engine(args.engine).name if not args.engine.endswith(".json") else args.engine
+    cfg.engine = args.engine if args.engine.endswith(".json") else engine.name
     cfg.trace = args.trace
     try:
-        _, _, md = build(cfg, Path(args.out), workers=args.workers, ray=args.ray or bool(args.ray_address),
+        _, _, md = build(cfg, out, workers=args.workers, ray=args.ray or bool(args.ray_address),
                       ray_address=args.ray_address, progress=not args.no_progress and sys.stderr.isatty())
     except KeyboardInterrupt:
         print(f"interrupted: completed runs are cached in {args.out}/cache; run the same command to resume",
@@ -498,6 +509,16 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
     print(md)
     print(f"written: {args.out}/leaderboard.md, runs.parquet, runs.csv, capacity.csv, meta.json, attainment_*.png")
     return 0
+
+
+def _name_list(option: str, text: str) -> list[str]:
+    """A comma-separated list of names, duplicates dropped (first kept); an empty list or name is an error."""
+    names = [n.strip() for n in text.split(",")]
+    if not any(names):
+        raise UsageError(f"{option} is empty; give comma-separated names or leave the option out for the default")
+    if "" in names:
+        raise UsageError(f"{option} {text!r} has an empty name")
+    return list(dict.fromkeys(names))
 
 
 def _all_policy_names() -> list[str]:

@@ -175,3 +175,45 @@ def test_capacity_csv_and_markdown_carry_the_censoring(tmp_path):
     # max_expand=0: vllm passes at coder's default rate (attainment 1.0) and nothing above it is tried
     assert csv.iloc[0]["censored"] == "above" and csv.iloc[0]["fail_rate"] == "" and cap.iloc[0]["capacity"] == 0.68
     assert "| vllm | **>= 0.68** |" in md
+
+
+@pytest.mark.parametrize("argv, bad", [
+    (["--trace", "{tmp}/nonexistent.csv"], "trace file not found"),
+    (["--trace", "{tmp}/bad.csv"], "bad.csv"),
+    (["--engine", "{tmp}/nonexistent.json"], "engine preset file not found"),
+    (["--engine", "no-such-engine"], "unknown engine"),
+    (["--out", "{tmp}/a_file"], "is a file"),
+    (["--policies", ""], "--policies is empty"),
+    (["--policies", "vllm,,edf"], "empty name"),
+    (["--scenarios", ""], "--scenarios is empty"),
+    (["--policies", "nope"], "unknown policy 'nope'"),
+])
+def test_leaderboard_bad_options_exit_2_with_one_line_before_running(capsys, tmp_path, argv, bad):
+    from slogym.cli import main
+
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "bad.csv").write_text("num_prefill_tokens,num_decode_tokens\n100,-3\n")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    out_dir = [] if "--out" in argv else ["--out", str(tmp_path / "lb")]
+    rc = main(["leaderboard", "--quick", "--scenarios", "coder", "--policies", "vllm", *out_dir, *argv])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and err.startswith("slogym: error: ") and bad in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "lb" / "cache").exists()
+    if "unknown policy" in bad:  # every valid name once
+        names = err.split("valid: ", 1)[1].split(" (see")[0].strip().split(", ")
+        assert len(names) == len(set(names)) and "vllm" in names
+
+
+def test_leaderboard_policy_list_drops_duplicates_keeping_order(capsys, tmp_path, monkeypatch):
+    from slogym import cli
+
+    seen = {}
+
+    def fake_build(cfg, out, **kw):
+        seen["cfg"] = cfg
+        return None, None, "md"
+
+    monkeypatch.setattr("slogym.leaderboard.build", fake_build)
+    rc = cli.main(["leaderboard", "--quick", "--scenarios", "coder,coder", "--policies", "vllm,edf,vllm",
+                   "--out", str(tmp_path / "lb")])
+    assert rc == 0 and seen["cfg"].policies == ["vllm", "edf"] and seen["cfg"].scenarios == ["coder"]
