@@ -217,3 +217,59 @@ def test_leaderboard_policy_list_drops_duplicates_keeping_order(capsys, tmp_path
     rc = cli.main(["leaderboard", "--quick", "--scenarios", "coder,coder", "--policies", "vllm,edf,vllm",
                    "--out", str(tmp_path / "lb")])
     assert rc == 0 and seen["cfg"].policies == ["vllm", "edf"] and seen["cfg"].scenarios == ["coder"]
+
+
+def test_bold_is_chosen_on_the_values_as_displayed():
+    from slogym.leaderboard.board import _bold_best
+
+    t = pd.DataFrame({"a": [0.9004, 0.9001, 0.5]}, index=pd.Index(["vllm", "edf", "sa"], name="policy"))
+    assert list(_bold_best(t, fmt="{:.3f}")["a"]) == ["**0.900**", "**0.900**", "0.500"]
+
+
+def test_meta_and_csv_describe_the_board_exactly(tmp_path, monkeypatch):
+    import hashlib
+    import re
+
+    trace = _lengths_csv(tmp_path / "t.csv", 300)
+    monkeypatch.chdir(tmp_path)
+    cfg = BoardConfig.quick(["coder"], ["vllm"])
+    cfg.min_duration, cfg.iters, cfg.n_requests, cfg.max_expand, cfg.trace = 5.0, 2, 40, 1, "t.csv"
+    build(cfg, tmp_path / "lb", workers=1, progress=False)
+    meta = json.loads((tmp_path / "lb" / "meta.json").read_text())
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", meta["created"])
+    for dist in ("numba", "pyarrow"):  # installed with slogym's core dependencies
+        assert meta["versions"][dist]
+    sha = hashlib.sha256(trace.read_bytes()).hexdigest()
+    assert meta["inputs"]["trace"] == {"path": str(trace.resolve()), "sha256": sha}
+    assert meta["config"]["trace"] == str(trace.resolve())
+
+
+def test_written_rates_have_no_float_noise(tmp_path):
+    from slogym.leaderboard.board import write_tables
+
+    noisy = 3.4000000000000004  # (2.72 + 4.08) / 2, a bisection midpoint
+    cap = pd.DataFrame({"policy": ["vllm"], "scenario": ["coder"], "capacity": [noisy], "censored": [""],
+                        "fail_rate": [0.1 + 0.2]})
+    runs = pd.DataFrame({"policy": ["vllm"], "rate": [noisy], "attainment": [0.95]})
+    write_tables(runs, cap, tmp_path)
+    assert (tmp_path / "capacity.csv").read_text().splitlines()[1] == "vllm,coder,3.4,,0.3"
+    assert (tmp_path / "runs.csv").read_text().splitlines()[1] == "vllm,3.4,0.95"
+    assert pd.read_parquet(tmp_path / "runs.parquet")["rate"].iloc[0] == noisy  # the exact value kept
+
+
+def test_meta_records_each_agent_checkpoint_hash(tmp_path):
+    pytest.importorskip("sb3_contrib", reason="needs the rl extra")
+    from slogym.agents import available, checkpoint_dir
+    from slogym.leaderboard.board import metadata
+
+    if not available():
+        pytest.skip("no shipped agent")
+    name = available()[0]
+    cfg = BoardConfig.quick(["coder"], ["vllm", f"agent:{name}"])
+    meta = metadata(cfg, 0.0)
+    files = [checkpoint_dir() / f"{name}{ext}" for ext in (".zip", ".json")]
+    import hashlib
+
+    want = hashlib.sha256(b"".join(hashlib.sha256(f.read_bytes()).hexdigest().encode() for f in files)).hexdigest()
+    assert meta["policy_params"][f"agent:{name}"]["checkpoint_sha256"] == want
+    assert meta["inputs"]["agents"][f"agent:{name}"]["sha256"] == want

@@ -13,6 +13,7 @@ import json
 import platform
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -122,20 +123,26 @@ def run_board(cfg: BoardConfig, runner: Runner) -> tuple[pd.DataFrame, pd.DataFr
     return df.reset_index(drop=True), cap
 
 
+def round_sig(x: float, digits: int = 6) -> float:
+    """``x`` rounded to ``digits`` significant digits (rates written to CSV: 3.4000000000000004 -> 3.4)."""
+    return float(f"{x:.{digits}g}") if np.isfinite(x) else x
+
+
 def _bold_best(table: pd.DataFrame, fmt: str = "{:.2f}", censored: pd.DataFrame | None = None,
                bound: pd.DataFrame | None = None) -> pd.DataFrame:
     """``table`` formatted with ``fmt``, the best one-replica value of each column (higher is better) in bold.
 
-    With ``censored`` (``"above"`` / ``"below"`` / ``""`` per cell, :attr:`CapacitySearch.censored`) a value
-    censored above shows as ``>= x`` and is a lower bound: it is bold only if x is strictly above every uncensored
+    Values are compared as displayed (rounded by ``fmt``), so values shown alike are bold alike. With
+    ``censored`` (``"above"`` / ``"below"`` / ``""`` per cell, :attr:`CapacitySearch.censored`) a value censored
+    above shows as ``>= x`` and is a lower bound: it is bold only if x is strictly above every uncensored
     one-replica value of its column (and is the highest such bound); an uncensored value is bold if it is the
     highest uncensored value and no censored value is bold. A value censored below shows as ``< y``, y its
     ``bound`` (the lowest rate tried), and is never bold."""
     out = table.copy().astype(object)
     single = [replicas(str(p)) == 1 for p in table.index]
     for col in table.columns:
-        vals = [float(v) for v in table[col]]
-        shown = [fmt.format(v) if np.isfinite(v) else "n/a" for v in vals]
+        shown = [fmt.format(float(v)) if np.isfinite(float(v)) else "n/a" for v in table[col]]
+        vals = [float(t) if t != "n/a" else np.nan for t in shown]  # compared as displayed: shown ties bold alike
         cens = [""] * len(shown) if censored is None else [c if isinstance(c, str) else "" for c in censored[col]]
         # multi-replica rows are not compared with one replica
         ranked = [i for i, one in enumerate(single) if one and np.isfinite(vals[i])]
@@ -247,29 +254,62 @@ def input_record(cfg: BoardConfig, inputs: InputFingerprints) -> dict[str, Any]:
             "agents": {p: {"sha256": inputs.agent(p)} for p in cfg.policies if p.startswith("agent:")}}
 
 
-def metadata(cfg: BoardConfig, wall: float, inputs: InputFingerprints | None = None) -> dict[str, Any]:
+OPTIONAL_PACKAGES = ("numba", "pyarrow", "torch", "stable-baselines3", "sb3-contrib", "ray")
+"""Distributions whose versions ``meta.json`` records when they are installed."""
+
+
+def package_versions() -> dict[str, str]:
+    """Versions of slogym, Python and the packages a run may use (optional ones only where installed)."""
+    from importlib import metadata as importlib_metadata
+
     import gymnasium
 
     import slogym
+
+    versions = {"slogym": slogym.__version__, "python": platform.python_version(), "numpy": np.__version__,
+                "pandas": pd.__version__, "gymnasium": gymnasium.__version__}
+    for dist in OPTIONAL_PACKAGES:
+        try:
+            versions[dist] = importlib_metadata.version(dist)
+        except importlib_metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def metadata(cfg: BoardConfig, wall: float, inputs: InputFingerprints | None = None) -> dict[str, Any]:
     from slogym.baselines import make_policy
     from slogym.engines import get_engine
 
+    inputs = inputs or InputFingerprints()
     eng = get_engine(cfg.engine)
-    params = {}
+    params: dict[str, dict[str, Any]] = {}
     for p in cfg.policies:
-        if not p.startswith("agent:"):
+        if p.startswith("agent:"):  # learned: its parameters are the checkpoint's weights
+            from slogym.agents import checkpoint_dir
+
+            params[p] = {"checkpoint": str(checkpoint_dir() / f"{p.split(':', 1)[1]}.zip"),
+                         "checkpoint_sha256": inputs.agent(p)}
+        else:
             params[p] = {k: v for k, v in make_policy(p, eng).params.items()}
     return {
         "code_version": code_version(),
-        "versions": {"slogym": slogym.__version__, "python": platform.python_version(), "numpy": np.__version__,
-                     "pandas": pd.__version__, "gymnasium": gymnasium.__version__},
+        "versions": package_versions(),
         "config": {k: v for k, v in cfg.__dict__.items()},
         "engine_preset": eng.to_dict(),
-        "inputs": input_record(cfg, inputs or InputFingerprints()),
+        "inputs": input_record(cfg, inputs),
         "policy_params": params,
         "wall_seconds": wall,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+
+
+def write_tables(df: pd.DataFrame, cap: pd.DataFrame, out: Path) -> None:
+    """``runs.parquet`` (exact), ``runs.csv`` and ``capacity.csv`` (rates to 6 significant digits: bisection
+    midpoints such as 3.4000000000000004 are written 3.4)."""
+    df.to_parquet(out / "runs.parquet", index=False)
+    df.assign(rate=df["rate"].map(round_sig)).to_csv(out / "runs.csv", index=False)
+    cap.assign(capacity=cap["capacity"].map(round_sig), fail_rate=cap["fail_rate"].map(round_sig)).to_csv(
+        out / "capacity.csv", index=False)
 
 
 def build(cfg: BoardConfig, out: Path, workers: int = 2, ray: bool = False, ray_address: str | None = None,
@@ -293,9 +333,7 @@ def build(cfg: BoardConfig, out: Path, workers: int = 2, ray: bool = False, ray_
             bar.close()
     meta = metadata(cfg, time.perf_counter() - t0, cache.inputs)
     meta["cache"] = {"hits": cache.hits, "computed": cache.misses}
-    df.to_parquet(out / "runs.parquet", index=False)
-    df.to_csv(out / "runs.csv", index=False)
-    cap.to_csv(out / "capacity.csv", index=False)
+    write_tables(df, cap, out)
     md = markdown(df, cap, cfg, meta)
     (out / "leaderboard.md").write_text(md)
     (out / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
