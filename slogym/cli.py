@@ -500,8 +500,10 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
     cfg.engine = args.engine if args.engine.endswith(".json") else engine.name
     cfg.trace = args.trace
     try:
-        _, _, md = build(cfg, out, workers=args.workers, ray=args.ray or bool(args.ray_address),
-                      ray_address=args.ray_address, progress=not args.no_progress and sys.stderr.isatty())
+        with warnings.catch_warnings():  # the board's warnings (a short trace) as one line each
+            warnings.showwarning = lambda message, *_a, **_k: print(f"{PROG}: warning: {message}", file=sys.stderr)
+            _, _, md = build(cfg, out, workers=args.workers, ray=args.ray or bool(args.ray_address),
+                             ray_address=args.ray_address, progress=not args.no_progress and sys.stderr.isatty())
     except KeyboardInterrupt:
         print(f"interrupted: completed runs are cached in {args.out}/cache; run the same command to resume",
               file=sys.stderr)

@@ -273,3 +273,16 @@ def test_meta_records_each_agent_checkpoint_hash(tmp_path):
     want = hashlib.sha256(b"".join(hashlib.sha256(f.read_bytes()).hexdigest().encode() for f in files)).hexdigest()
     assert meta["policy_params"][f"agent:{name}"]["checkpoint_sha256"] == want
     assert meta["inputs"]["agents"][f"agent:{name}"]["sha256"] == want
+
+
+def test_a_trace_shorter_than_the_board_warns_in_one_line(capsys, tmp_path):
+    from slogym.cli import main
+
+    trace = _lengths_csv(tmp_path / "short.csv", 30)
+    rc = main(["leaderboard", "--quick", "--scenarios", "coder", "--policies", "vllm", "--requests", "50",
+               "--trace", str(trace), "--out", str(tmp_path / "lb"), "--no-progress"])
+    err = capsys.readouterr().err
+    warning = [line for line in err.splitlines() if "warning" in line]
+    assert rc == 0 and len(warning) == 1, err
+    assert str(trace) in warning[0] and "30 rows" in warning[0] and "50 requests" in warning[0]
+    assert (pd.read_csv(tmp_path / "lb" / "runs.csv")["n_requests"] == 30).all()  # runs record what they ran

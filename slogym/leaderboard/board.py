@@ -12,6 +12,7 @@ import dataclasses
 import json
 import platform
 import time
+import warnings
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -247,6 +248,26 @@ def resolved(cfg: BoardConfig) -> BoardConfig:
     return dataclasses.replace(cfg, engine=engine, trace=trace)
 
 
+def trace_rows(path: str) -> int:
+    """Requests in a trace file as runs replay it (rows the reader drops, e.g. BurstGPT failures, not counted)."""
+    from slogym.workloads.readers import read_trace
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return len(read_trace(path).input_tokens)
+
+
+def check_trace_length(cfg: BoardConfig) -> None:
+    """Warn (one line) when the trace has fewer rows than the board's requests per run: runs replay the whole
+    trace and stop there, so they would silently run fewer requests than the board says."""
+    if cfg.trace is None:
+        return
+    rows = trace_rows(cfg.trace)
+    if rows < cfg.n_requests:
+        warnings.warn(f"trace {cfg.trace} has {rows} rows, fewer than the board's {cfg.n_requests} requests per "
+                      f"run: every run replays only those {rows}", UserWarning, stacklevel=3)
+
+
 def input_record(cfg: BoardConfig, inputs: InputFingerprints) -> dict[str, Any]:
     """What the runs read outside slogym's code, with the content hashes in their cache keys."""
     return {"engine": {"name": cfg.engine, "sha256": inputs.engine(cfg.engine)},
@@ -318,6 +339,7 @@ def build(cfg: BoardConfig, out: Path, workers: int = 2, ray: bool = False, ray_
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = resolved(cfg)
+    check_trace_length(cfg)
     cache = RunCache(out / "cache", inputs=InputFingerprints())
     bar = None
     if progress:
