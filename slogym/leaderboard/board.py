@@ -189,8 +189,9 @@ def markdown(df: pd.DataFrame, capacity: pd.DataFrame, cfg: BoardConfig, meta: d
     parts = [
         "# slogym leaderboard",
         f"Engine `{cfg.engine}`, attainment mode `{cfg.attainment}`, seeds {cfg.seeds}, at least {cfg.n_requests} "
-        f"requests and {cfg.min_duration:.0f} s of arrivals per run (at most {cfg.max_requests} requests), code `{meta['code_version']}`, slogym {meta['versions']['slogym']}, built in "
-        f"{meta['wall_seconds']:.0f} s.",
+        f"requests and {cfg.min_duration:.0f} s of arrivals per run (at most {cfg.max_requests} requests), "
+        + (f"trace `{cfg.trace}` (sha256 {meta['inputs']['trace']['sha256'][:12]}), " if cfg.trace else "")
+        + f"code `{meta['code_version']}`, slogym {meta['versions']['slogym']}, built in {meta['wall_seconds']:.0f} s.",
         f"## Serving capacity (req/s with >= {cfg.threshold:.0%} attainment; higher is better)",
         "Bisection over the arrival rate starting at each scenario's default rate; attainment averaged over seeds. "
         "Learned agents (`agent:<name>`) run only on the scenario and cluster size they were trained for; "

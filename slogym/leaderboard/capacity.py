@@ -5,9 +5,9 @@ then bisects between the last passing and the first failing rate. The doubling s
 doublings (rate ``start * 2**max_expand``): if that rate still passes, the capacity is reported as that rate and
 marked censored ``"above"`` (a lower bound: the true capacity is at least it). If no rate passes (the start fails
 and so does every bisection point down to ``start / 2**iters``), the capacity is reported as 0 and censored
-``"below"`` (the true capacity is below :attr:`CapacitySearch.fail_rate`, the lowest rate tried). A search is a small state
-machine (:meth:`CapacitySearch.next_rate` / :meth:`CapacitySearch.update`) so the leaderboard can advance many
-searches together, one batch of runs per round.
+``"below"`` (the true capacity is below :attr:`CapacitySearch.fail_rate`, the lowest rate tried). A search is a
+small state machine (:meth:`CapacitySearch.next_rate` / :meth:`CapacitySearch.update`) so the leaderboard can
+advance many searches together, one batch of runs per round.
 """
 
 from __future__ import annotations
