@@ -12,9 +12,10 @@ import pytest
 from helpers import assert_runs_equal
 from slogym.baselines import make_policy
 from slogym.baselines import polyserve_kernels as pk
-from slogym.baselines.polyserve import (POLICIES, PolyServeScaler, _profiled, dynamic_chunk, future_kv_peak,
+from slogym.baselines.polyserve import (POLICIES, PolyServeScaler, _profiled, dynamic_chunk, future_kv_peak, pd_split,
                                         prefill_profile_table, profile_table, remaining_curve)
 from slogym.core.batch import BatchFeatures
+from slogym.core.instance import Role
 from slogym.core.policy import BEST_EFFORT, DEFER
 from slogym.core.request import Request, Workload, decode, prefill
 from slogym.core.simulator import Simulator
@@ -721,3 +722,54 @@ def test_remaining_output_curves() -> None:
     g = int(out.mean()) + 200  # past the average: the paper's rule says "next step", the residual ~ (2048 - g) / 2
     assert avg[min(g, avg.size - 1)] == 1 and abs(int(res[g]) - (2048 - g) / 2) < 60
     assert remaining_curve(out, avg_decode_len=500, mode="residual")[0] == 500
+
+
+# ------------------------------------------------------------------------------------ PD on a co-located cluster
+@needs_pd
+@pytest.mark.parametrize("name", PD)
+def test_pd_variants_split_a_colocated_cluster(name: str) -> None:
+    """Without ``pd=`` a PD variant splits a co-located cluster of 4 into pd_split's P:D at reset (as DistServe
+    does): KV moves between the roles and nothing is lost."""
+    w = _tiers(300, rate=60.0, seed=3)
+    p, d = pd_split(w, ENGINE, 4, 4)
+    assert p >= 1 and d >= 1 and p + d == 4
+    sim = Simulator(w, ENGINE, make_policy(name, ENGINE), n_instances=4)
+    sim.completed = []
+    sim.run()
+    assert [inst.role for inst in sim.instances] == [Role.PREFILL] * p + [Role.DECODE] * d
+    assert sim.result().summary["kv_transfers"] > 0
+    assert sorted(sim.completed) == list(range(len(w)))
+    assert (sim.rs.status == Status.DONE).all() and (sim.rs.outcome != Outcome.NONE).all()
+    assert "deferred_at_end" not in sim.dropped_reasons
+    assert all(inst.free_blocks == inst.total_blocks for inst in sim.instances)
+
+
+@needs_pd
+def test_pd_variants_keep_a_preset_split_and_co_variants_stay_colocated() -> None:
+    w = _tiers(200, rate=40.0, seed=2)
+    p, _ = pd_split(w, ENGINE, 4, 4)
+    preset = (1, 3) if p != 1 else (2, 2)  # not the split the policy would choose
+    for name in PD:
+        sim = Simulator(w, ENGINE, make_policy(name, ENGINE), pd=preset).run()
+        assert [inst.role for inst in sim.instances] == [Role.PREFILL] * preset[0] + [Role.DECODE] * preset[1]
+        assert sim.result().summary["kv_transfers"] > 0
+        one = Simulator(w, ENGINE, make_policy(name, ENGINE), n_instances=1).run()  # nothing to split
+        assert one.instances[0].role == Role.COLOCATED and one.result().summary["kv_transfers"] == 0
+    for name in CO:
+        sim = Simulator(w, ENGINE, make_policy(name, ENGINE), n_instances=4).run()
+        assert all(inst.role == Role.COLOCATED for inst in sim.instances)
+        assert sim.result().summary["kv_transfers"] == 0
+
+
+def test_pd_split_keeps_a_decode_instance_per_tier_where_the_fleet_has_room() -> None:
+    """The reproduction's rule: by the work share, at least one decode instance per tier once ``n >= 2 x
+    tiers``, at least one instance on each side."""
+    w = _tiers(400, rate=40.0, seed=1)
+    for n in range(2, 25):
+        p, d = pd_split(w, ENGINE, n, 4)
+        assert p + d == n and p >= 1 and d >= (4 if n >= 8 else 1)
+    long_prompts = Workload.from_requests([Request(0.0, [prefill(8000, 1.0), decode(8, 0.05)]) for _ in range(20)])
+    assert pd_split(long_prompts, ENGINE, 20, 4) == (16, 4)   # the work share alone would leave fewer decoders
+    assert pd_split(long_prompts, ENGINE, 6, 4)[1] == 1
+    with pytest.raises(ValueError):
+        pd_split(w, ENGINE, 1, 4)

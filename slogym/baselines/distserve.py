@@ -113,6 +113,23 @@ def pd_split_for(w: Workload, engine: Any, n: int) -> tuple[int, int]:
     return pd_split(n, optimal_pd_ratio(mean_in, mean_out, tpot, min(overhead, 0.5 * tpot)))
 
 
+def split_colocated(sim: Simulator, split: Callable[[int], tuple[int, int]], name: str) -> bool:
+    """Make a colocated cluster disaggregated at reset, for a P/D policy run without ``Simulator(pd=...)``: the
+    first ``P`` of ``(P, D) = split(n)`` instances become PREFILL, the rest DECODE (``sim.switch_role``; the
+    instances are empty, so at once). A cluster built with ``pd=`` keeps its roles, and one instance, or an engine
+    whose KV bytes per token are unknown (no transfer model, :func:`kv_transfer_known`), stays colocated: the
+    policy then runs colocated. Shared by DistServe and the PD variants of PolyServe. Returns whether it split."""
+    n = len(sim.instances)
+    if sim.pd is not None or n < 2 or not kv_transfer_known(sim):
+        return False
+    p, d = split(n)
+    if p + d != n or p < 1 or d < 1:
+        raise ValueError(f"{name} pd=({p}, {d}) does not split the cluster's {n} instances")
+    for i in range(n):
+        sim.switch_role(i, Role.PREFILL if i < p else Role.DECODE)
+    return True
+
+
 # ---------------------------------------------------------------------------------------------- policy
 class DistServeRouter(Router):
     """Shortest-queue dispatch over prefill instances; KV to the least-loaded decode instance (the default
@@ -126,14 +143,8 @@ class DistServeRouter(Router):
         self.pd = None if pd is None else (int(pd[0]), int(pd[1]))
 
     def reset(self, sim: Simulator) -> None:
-        n = len(sim.instances)
-        if sim.pd is not None or n < 2 or not kv_transfer_known(sim):
-            return
-        p, d = self.pd if self.pd is not None else pd_split_for(sim.w, sim.engines[0], n)
-        if p + d != n or p < 1 or d < 1:
-            raise ValueError(f"distserve pd=({p}, {d}) does not split the cluster's {n} instances")
-        for i in range(n):
-            sim.switch_role(i, Role.PREFILL if i < p else Role.DECODE)
+        split_colocated(sim, lambda n: self.pd if self.pd is not None else pd_split_for(sim.w, sim.engines[0], n),
+                        "distserve")
 
     def route(self, req: int, sim: Simulator, now: float) -> int:
         cands = sim.accepting_instances(Role.PREFILL) or sim.accepting_instances(Role.COLOCATED)

@@ -65,7 +65,10 @@ promoted onto its tier (§4.2's per-tier queues, §4.4: promotion only because t
 token is lost it is demoted (``route_decode`` returns ``BEST_EFFORT``; the simulator marks it best effort), so its
 former tier no longer counts in any tier rule, and routed as best effort. Deviation: on a decode side of fewer
 instances than tiers (no cluster per tier) a hand-off never pends; it goes to its tier's least-loaded instance
-(:meth:`PolyServeRouter.route_decode`).
+(:meth:`PolyServeRouter.route_decode`). The PD variants keep the roles of a cluster built with
+``Simulator(pd=(P, D))``; a co-located cluster of ``n >= 2`` instances they split themselves at reset, as DistServe
+does, into :func:`pd_split`'s P:D (the paper gives no split; the reproduction's rule: by the prefill share of the
+work, one decode instance per tier where ``n >= 2 x tiers``), so a PD variant always disaggregates (:class:`PolyCore`).
 
 **Batch formation on an instance (§2.4, §4.5).** Decode-first chunked prefill (Sarathi's loop, reused from
 :mod:`slogym.baselines.common`): every running decode runs; the rest of a *token budget* is filled with prefill
@@ -126,6 +129,7 @@ import numpy as np
 from slogym.baselines import polyserve_kernels as pk
 from slogym.baselines.common import (batch_of, fill_prefill_chunks, make_room_for_decodes, split_running,
                                      unstick)
+from slogym.baselines.distserve import split_colocated
 from slogym.baselines.polyserve_kernels import dynamic_chunk
 from slogym.core.batch import Batch, BatchFeatures
 from slogym.core.instance import Instance, InstanceState, Role
@@ -134,6 +138,7 @@ from slogym.core.state import Status
 from slogym.engines.perf_models import TablePerf
 
 if TYPE_CHECKING:
+    from slogym.core.request import Workload
     from slogym.core.simulator import Simulator
 
 INF = float("inf")
@@ -684,11 +689,37 @@ def remaining_curve(outputs: np.ndarray, avg_decode_len: float | None = None, mo
     return np.maximum(np.round(mean_rest * avg / out.mean()), 1).astype(np.int64)
 
 
+def pd_split(w: "Workload", engine: Any, n_inst: int, n_tiers: int) -> tuple[int, int]:
+    """Prefill/decode instances of a disaggregated fleet of ``n_inst`` (the paper gives no split; the
+    reproduction's rule, ``scripts/reproduce/polyserve.py``): prefill instances in proportion to the prefill share
+    of the work, prefill at 1024-token chunks (``t(1024) / 1024`` per token) against decode at a 128-request batch
+    (``t(128, 128 ctx) / 128`` per token, ``ctx = P + O/2``), from ``engine``'s profile table. At least one decode
+    instance per TPOT tier where the fleet has room for it (``n_inst >= 2 x n_tiers``): PD-PolyServe partitions
+    the decode servers into one cluster per tier (§4.2), which fewer decode instances cannot hold (Azure code's
+    work share alone gives 19:1 at 20 instances; it gets 16:4). Both sides keep at least one instance."""
+    if n_inst < 2:
+        raise ValueError(f"n_inst={n_inst}: a prefill/decode split needs at least 2 instances")
+    table = table_for(engine)
+    p, o = float(w.input_tokens.mean()), float(w.output_tokens.mean())
+    c_p = table.time_one(1024, 0) / 1024
+    c_d = table.time_one(128, int(128 * (p + o / 2))) / 128
+    n_p = int(round(n_inst * p * c_p / (p * c_p + o * c_d)))
+    min_dec = n_tiers if n_tiers >= 1 and n_inst >= 2 * n_tiers else 1
+    n_p = min(max(n_p, 1), n_inst - min_dec)
+    return n_p, n_inst - n_p
+
+
 class PolyCore:
-    """State shared by a PolyServe policy's router, scheduler and scaler for one run."""
+    """State shared by a PolyServe policy's router, scheduler and scaler for one run.
+
+    ``disaggregate`` (the PD variants): at reset a co-located cluster of ``n >= 2`` instances is split into
+    :func:`pd_split`'s prefill and decode instances (:func:`~slogym.baselines.distserve.split_colocated`, as
+    DistServe does); a cluster built with ``Simulator(pd=...)`` keeps its roles, and one instance, or an engine
+    without a KV size, stays co-located (the variant then runs as its CO counterpart)."""
 
     def __init__(self, tiers: tuple[float, ...] | None = None, avg_decode_len: float | None = None,
-                 prefill_budget: int = 1024, max_num_seqs: int = 1 << 30, remaining: str = "residual") -> None:
+                 prefill_budget: int = 1024, max_num_seqs: int = 1 << 30, remaining: str = "residual",
+                 disaggregate: bool = False, name: str = "polyserve") -> None:
         if avg_decode_len is not None and not avg_decode_len >= 1:
             raise ValueError(f"avg_decode_len={avg_decode_len!r}; must be >= 1 token")
         if remaining not in REMAINING:
@@ -702,12 +733,15 @@ class PolyCore:
             raise ValueError(f"tiers={tiers!r}; must be positive TPOTs in seconds")
         self.tiers = tiers
         self.avg_decode_len = avg_decode_len
+        self.disaggregate, self.name = disaggregate, name
         self.sim: "Simulator | None" = None
 
     def reset(self, sim: "Simulator") -> None:
         w = sim.w
         tiers = np.array(sorted(self.tiers), np.float64) if self.tiers else workload_tiers(w.min_tpot,
                                                                                            w.best_effort)
+        if self.disaggregate:  # before the fleet reads the roles
+            split_colocated(sim, lambda n: pd_split(w, sim.instances[0].engine, n, tiers.size), self.name)
         resid = remaining_curve(w.output_tokens, self.avg_decode_len, self.remaining)
         self.fleet = Fleet(sim, table_for(sim.instances[0].engine), tiers, resid, self.max_num_seqs)
         self.sim = sim
@@ -1342,14 +1376,14 @@ def _max_seqs(engine: Any, params: dict[str, Any]) -> int:
 
 
 def _make(name: str, router: Callable[[PolyCore], Router], static: bool = False,
-          polyserve: bool = False) -> Callable[..., Policy]:
+          polyserve: bool = False, pd: bool = False) -> Callable[..., Policy]:
     """Factory of a policy; ``polyserve`` adds the tier scaler and PolyServe's batch formation (dynamic chunking,
-    prefill attention)."""
+    prefill attention); ``pd`` (the PD variants) splits a co-located cluster at reset (:class:`PolyCore`)."""
     def make(engine: Any = None, **params: Any) -> Policy:
         p = dict(params)
         seqs = _max_seqs(engine, p)
         core = PolyCore(p.pop("tiers", None), p.pop("avg_decode_len", None), int(p.pop("prefill_budget", 1024)),
-                        seqs, str(p.pop("remaining", "residual")))
+                        seqs, str(p.pop("remaining", "residual")), disaggregate=pd, name=name)
         budget = int(p.pop("token_budget", 512)) if static else None
         min_chunk = int(p.pop("min_chunk", 32))
         sched = PolyScheduler(core, budget, min_chunk, seqs, polyserve=polyserve)
@@ -1369,9 +1403,9 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "polyserve-co-random": _make("polyserve-co-random", RandomRouter),
     "polyserve-co-minimal": _make("polyserve-co-minimal", MinimalRouter),
     "polyserve-co-chunk": _make("polyserve-co-chunk", MinimalRouter, static=True),
-    # the same mechanisms: instance roles decide (run them with Simulator(pd=(P, D))); on a co-located
-    # cluster they behave as their CO counterparts
-    "polyserve-pd": _make("polyserve-pd", PolyServeRouter, polyserve=True),
-    "polyserve-pd-random": _make("polyserve-pd-random", RandomRouter),
-    "polyserve-pd-minimal": _make("polyserve-pd-minimal", MinimalRouter),
+    # the same mechanisms, instance roles decide: on Simulator(pd=(P, D)) as given; a co-located cluster of
+    # n >= 2 instances is split at reset into pd_split's P:D (the reproduction's rule), as DistServe splits one
+    "polyserve-pd": _make("polyserve-pd", PolyServeRouter, polyserve=True, pd=True),
+    "polyserve-pd-random": _make("polyserve-pd-random", RandomRouter, pd=True),
+    "polyserve-pd-minimal": _make("polyserve-pd-minimal", MinimalRouter, pd=True),
 }
