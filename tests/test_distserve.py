@@ -108,4 +108,8 @@ def test_cli_pd_split(capsys):
     assert main(["simulate", "--instances", "2", "--requests", "10", "--json"]) == 0
     s = json.loads(capsys.readouterr().out)
     assert s["pd"] is None and s["kv_transfers"] == 0 and s["n_instances"] == 2
+    # a policy that splits a colocated cluster itself: the summary reports the split it used
+    assert main(["simulate", "--instances", "2", "--requests", "10", "--json", "--policy", "distserve"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["pd"] == [1, 1] and s["kv_transfers"] > 0
     assert np.isfinite(s["cost_per_request"])

@@ -59,6 +59,7 @@ import numpy as np
 
 from slogym.baselines import make_policy
 from slogym.baselines import polyserve_kernels as pk
+from slogym.baselines.polyserve import pd_split as polyserve_pd_split
 from slogym.baselines.polyserve import prefill_profile_table, profile_table, request_tiers
 from slogym.core.cluster import KVTransfer
 from slogym.core.request import Workload
@@ -164,20 +165,10 @@ def optimal_rate(w: Workload, eng: Any, n_inst: int, attention: bool = True) -> 
 
 # ---------------------------------------------------------------------------------------------- runs
 def pd_split(w: Workload, eng: Any, n_inst: int) -> tuple[int, int]:
-    """Prefill/decode instances for a disaggregated run (the paper gives no split): prefill instances in
-    proportion to the prefill share of the work, prefill at 1024-token chunks (``t(1024) / 1024`` per token)
-    against decode at a 128-request batch (``t(128, 128 ctx) / 128`` per token, ``ctx = P + O/2``). At least one
-    decode instance per TPOT tier where the fleet has room for it (``n_inst >= 2 x tiers``): PD-PolyServe
-    partitions the decode servers into one cluster per tier (§4.2), which fewer decode instances cannot hold
-    (Azure code's work share alone gives 19:1 at 20 instances; it gets 16:4)."""
-    table = profile_table(eng)
-    p, o = float(w.input_tokens.mean()), float(w.output_tokens.mean())
-    c_p = table.time_one(1024, 0) / 1024
-    c_d = table.time_one(128, int(128 * (p + o / 2))) / 128
-    n_p = int(round(n_inst * p * c_p / (p * c_p + o * c_d)))
-    min_dec = len(TIER_MIX) if n_inst >= 2 * len(TIER_MIX) else 1
-    n_p = min(max(n_p, 1), n_inst - min_dec)
-    return n_p, n_inst - n_p
+    """Prefill/decode instances for a disaggregated run: the library's rule
+    (:func:`slogym.baselines.polyserve.pd_split`, the split PD-PolyServe makes of a colocated cluster itself)
+    for this script's TPOT tiers."""
+    return polyserve_pd_split(w, eng, n_inst, len(TIER_MIX))
 
 
 def run(w: Workload, eng: Any, policy: str, n_inst: int, transfer: KVTransfer | None = None,

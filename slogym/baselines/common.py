@@ -10,7 +10,7 @@ import numpy as np
 
 from slogym.core import kernels
 from slogym.core.batch import Batch
-from slogym.core.instance import Instance
+from slogym.core.instance import Instance, Role
 from slogym.core.policy import Scheduler
 from slogym.core.state import I_KV, I_NC, I_NT
 
@@ -201,4 +201,21 @@ def kv_transfer_known(sim: "Simulator") -> bool:
         sim.transfer.bytes_for(sim.engines[0])
     except ValueError:
         return False
+    return True
+
+
+def split_colocated(sim: "Simulator", split: Callable[[int], tuple[int, int]], name: str) -> bool:
+    """Make a colocated cluster disaggregated at reset, for a P/D policy run without ``Simulator(pd=...)``: the
+    first ``P`` of ``(P, D) = split(n)`` instances become PREFILL, the rest DECODE (``sim.switch_role``; the
+    instances are empty, so at once). A cluster built with ``pd=`` keeps its roles, and one instance, or an engine
+    whose KV bytes per token are unknown (no transfer model, :func:`kv_transfer_known`), stays colocated: the
+    policy then runs colocated. Shared by DistServe and the PD variants of PolyServe. Returns whether it split."""
+    n = len(sim.instances)
+    if sim.pd is not None or n < 2 or not kv_transfer_known(sim):
+        return False
+    p, d = split(n)
+    if p + d != n or p < 1 or d < 1:
+        raise ValueError(f"{name} pd=({p}, {d}) does not split the cluster's {n} instances")
+    for i in range(n):
+        sim.switch_role(i, Role.PREFILL if i < p else Role.DECODE)
     return True

@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from slogym.baselines.common import decode_batch, kv_transfer_known, make_room_for_decodes, split_running
+from slogym.baselines.common import decode_batch, make_room_for_decodes, split_colocated, split_running
 from slogym.baselines.vllm import VLLMScheduler
 from slogym.core.batch import Batch, BatchFeatures
 from slogym.core.cluster import KVTransfer
@@ -95,7 +95,8 @@ def workload_stats(w: Workload) -> tuple[float, float, float]:
     dec = w.stage_kind == StageKind.DECODE
     tp = w.stage_tpot[dec]
     tp = tp[np.isfinite(tp)]
-    return float(w.input_tokens.mean()), float(max(w.output_tokens.mean(), 1.0)), float(tp.min()) if tp.size else math.inf
+    tpot = float(tp.min()) if tp.size else math.inf
+    return float(w.input_tokens.mean()), float(max(w.output_tokens.mean(), 1.0)), tpot
 
 
 def pd_split(n: int, ratio: float) -> tuple[int, int]:
@@ -111,23 +112,6 @@ def pd_split_for(w: Workload, engine: Any, n: int) -> tuple[int, int]:
     mean_in, mean_out, tpot = workload_stats(w)
     _, overhead = batch_time_line(engine)
     return pd_split(n, optimal_pd_ratio(mean_in, mean_out, tpot, min(overhead, 0.5 * tpot)))
-
-
-def split_colocated(sim: Simulator, split: Callable[[int], tuple[int, int]], name: str) -> bool:
-    """Make a colocated cluster disaggregated at reset, for a P/D policy run without ``Simulator(pd=...)``: the
-    first ``P`` of ``(P, D) = split(n)`` instances become PREFILL, the rest DECODE (``sim.switch_role``; the
-    instances are empty, so at once). A cluster built with ``pd=`` keeps its roles, and one instance, or an engine
-    whose KV bytes per token are unknown (no transfer model, :func:`kv_transfer_known`), stays colocated: the
-    policy then runs colocated. Shared by DistServe and the PD variants of PolyServe. Returns whether it split."""
-    n = len(sim.instances)
-    if sim.pd is not None or n < 2 or not kv_transfer_known(sim):
-        return False
-    p, d = split(n)
-    if p + d != n or p < 1 or d < 1:
-        raise ValueError(f"{name} pd=({p}, {d}) does not split the cluster's {n} instances")
-    for i in range(n):
-        sim.switch_role(i, Role.PREFILL if i < p else Role.DECODE)
-    return True
 
 
 # ---------------------------------------------------------------------------------------------- policy

@@ -129,7 +129,7 @@ import numpy as np
 from slogym.baselines import polyserve_kernels as pk
 from slogym.baselines.common import (batch_of, fill_prefill_chunks, make_room_for_decodes, split_running,
                                      unstick)
-from slogym.baselines.distserve import split_colocated
+from slogym.baselines.common import split_colocated
 from slogym.baselines.polyserve_kernels import dynamic_chunk
 from slogym.core.batch import Batch, BatchFeatures
 from slogym.core.instance import Instance, InstanceState, Role
@@ -713,7 +713,7 @@ class PolyCore:
     """State shared by a PolyServe policy's router, scheduler and scaler for one run.
 
     ``disaggregate`` (the PD variants): at reset a co-located cluster of ``n >= 2`` instances is split into
-    :func:`pd_split`'s prefill and decode instances (:func:`~slogym.baselines.distserve.split_colocated`, as
+    :func:`pd_split`'s prefill and decode instances (:func:`~slogym.baselines.common.split_colocated`, as
     DistServe does); a cluster built with ``Simulator(pd=...)`` keeps its roles, and one instance, or an engine
     without a KV size, stays co-located (the variant then runs as its CO counterpart)."""
 

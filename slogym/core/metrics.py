@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 from numba import njit
 
+from slogym.core.instance import Role
 from slogym.core.state import OUTCOME_NAMES, Outcome
 
 if TYPE_CHECKING:
@@ -252,6 +253,18 @@ def _attainment(met: np.ndarray, group: np.ndarray, names: list[str]) -> dict[st
     return {str(names[g]): float(hits[g] / counts[g]) for g in sorted(np.flatnonzero(counts), key=lambda g: names[g])}
 
 
+def pd_split_used(sim: Simulator) -> list[int] | None:
+    """The prefill/decode split ``[P, D]`` the run used: ``Simulator(pd=...)``'s, or the roles a policy gave a
+    colocated cluster itself (DistServe, PolyServe's PD variants, RR-PD, HyperFlexis P/D; counted at the end of the
+    run); ``None`` for a colocated run."""
+    if sim.pd is not None:
+        return list(sim.pd)
+    roles = [i.role for i in sim.instances]
+    if all(r == Role.COLOCATED for r in roles):
+        return None
+    return [sum(r == Role.PREFILL for r in roles), sum(r == Role.DECODE for r in roles)]
+
+
 def run_summary(sim: "Simulator") -> dict[str, Any]:
     """The run's summary, computed from the simulator's arrays (no per-request table: the env's terminal step
     builds one per episode). Means and sums are taken as the ``records`` table's pandas ones would be."""
@@ -277,7 +290,7 @@ def run_summary(sim: "Simulator") -> dict[str, Any]:
         "policy": sim.policy.name,
         "engine": sorted({i.engine.name for i in sim.instances}),
         "n_instances": len(sim.instances),
-        "pd": list(sim.pd) if sim.pd is not None else None,
+        "pd": pd_split_used(sim),
         "seed": sim.seed,
         "attainment_mode": sim.attainment,
         "n_requests": len(w),
