@@ -186,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         if s not in SCENARIOS:
             ap.error(f"unknown scenario {s!r}; valid: {list(SCENARIOS)}")
 
-    base = {"engine": a.engine, "n": a.n, "min_duration": a.min_duration, "max_n": a.max_n, "seeds": a.seeds, "target": a.target, "tol": a.tol,
-            "rate_min": a.rate_min, "rate_max": a.rate_max, "arrival": "scenario"}
+    base = {"engine": a.engine, "n": a.n, "min_duration": a.min_duration, "max_n": a.max_n, "seeds": a.seeds,
+            "target": a.target, "tol": a.tol, "rate_min": a.rate_min, "rate_max": a.rate_max, "arrival": "scenario"}
     t0 = time.perf_counter()
     caps: dict[str, dict[str, Any]] = {s: {} for s in a.scenarios}
     with ProcessPoolExecutor(a.jobs) as ex:

@@ -7,9 +7,9 @@ a prefill after a one-request decode step, as the profiler measures them), the a
 machine's load phases fall on all arms alike. Printed per arm and batch, for each clock -- ``wall`` (elapsed
 time of ``LLMEngine.step()``), ``process`` (the engine process's CPU time), ``cpu`` (the engine thread's CPU
 time, what ``timing="cpu"`` uses with one thread) and ``norm`` (CPU time x the reference kernel's factor,
-``e = 1``) -- the mean |t / median - 1| in % within each block (``blk``: step-to-step noise) and over the whole run (``run``: with the
-drift between blocks), the median step, and per step the mean minor page faults and involuntary context
-switches inside the step.
+``e = 1``) -- the mean |t / median - 1| in % within each block (``blk``: step-to-step noise) and over the whole
+run (``run``: with the drift between blocks), the median step, and per step the mean minor page faults and
+involuntary context switches inside the step.
 
     python scripts/step_noise.py --arms base,thp --rounds 12
     python scripts/step_noise.py --arms base,pin1 --gap-ms 3

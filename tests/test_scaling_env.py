@@ -168,8 +168,9 @@ def test_agent_policy_in_a_plain_simulator_earns_the_env_return():
     assert r["instance_seconds"] == pytest.approx(3 * r["gain"] / r["goodput"])
 
 
-@pytest.mark.parametrize("kw,match", [({"pools": "roles"}, "unknown pools"), ({"control_interval": 0}, "control_interval"),
-                                      ({"max_delta": 0}, "max_delta"), ({"lam": -1.0}, "lam"),
+@pytest.mark.parametrize("kw,match", [({"pools": "roles"}, "unknown pools"),
+                                      ({"control_interval": 0}, "control_interval"), ({"max_delta": 0}, "max_delta"),
+                                      ({"lam": -1.0}, "lam"),
                                       ({"min_instances": 3, "n_instances": 2}, "min_instances"),
                                       ({"cold_start": "teleport"}, "teleport")])
 def test_bad_parameters_raise(kw, match):

@@ -4,7 +4,8 @@ cannot beat, measured in the same run: the simulator alone, built for each of th
 decision of the env's kind and answered by the baseline policy directly (no observation, action decoding or
 reward). Run on one core:
 
-    taskset -c 0 .venv/bin/python scripts/bench/env_speed.py [--steps 2000] [--scenario chatbot] [--clock cpu] [--env ID]
+    taskset -c 0 .venv/bin/python scripts/bench/env_speed.py [--steps 2000] [--scenario chatbot] [--clock cpu]
+        [--env ID]
 
 Each figure is the fastest of ``--repeat`` runs (default 3). ``--clock cpu`` (default) times process CPU
 seconds, which a shared machine disturbs far less than wall seconds; ``--clock wall`` times wall seconds.
