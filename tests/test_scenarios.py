@@ -307,3 +307,14 @@ def test_default_rate_builds_with_default_engine(name):
     assert len(w) >= 400 and w.arrival[-1] > w.arrival[0]
     assert (np.unique(w.arrival).size - 1) / (w.arrival[-1] - w.arrival[0]) > 0
     assert np.all(w.first_ttft[~w.best_effort] > 0)
+
+
+def test_hyperflexis_apps_carry_their_priority():
+    """HyperFlexis' task sets rank their apps (docs/scenarios.md: P0, the tightest TTFT, is priority levels - 1); the
+    two-stage apps used to drop it (all 0)."""
+    for scenario, expected in [("hyperflexis-4task", {"medical_qa": 3, "tldr_content_gen": 2, "tldr_headline_gen": 1,
+                                                      "wikisql": 0}),
+                               ("hyperflexis-2task", {"gsm8k": 1, "sharegpt": 0})]:
+        w = make_workload(scenario, n_requests=400, seed=0)
+        names = np.array(w.app_names)[w.app]
+        assert {a: set(w.priority[names == a].tolist()) for a in w.app_names} == {a: {p} for a, p in expected.items()}

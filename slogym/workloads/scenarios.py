@@ -205,7 +205,7 @@ def _two_stage_part(arrival: np.ndarray, inp: np.ndarray, out: np.ndarray, ttft:
     tokens = np.column_stack([inp, out]).ravel()
     return _Part(arrival, np.full(n, 2), kind, tokens, np.zeros(2 * n),
                  np.column_stack([ttft, np.full(n, INF)]).ravel(), np.column_stack([np.full(n, INF), tpot]).ravel(),
-                 np.zeros(n, np.int32), [tier_name], np.full(n, ttlt))
+                 np.zeros(n, np.int32), [tier_name], np.full(n, ttlt), priority=priority)
 
 
 @dataclass(frozen=True)
