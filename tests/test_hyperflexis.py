@@ -218,6 +218,18 @@ def test_fast_forward_equals_stepping(name):
     assert runs[0].ff_iterations > 0
 
 
+@pytest.mark.parametrize("scenario", ["sa-mix", "hyperflexis-2task"])
+def test_fast_forward_equals_stepping_with_several_decode_workers(scenario):
+    """The Migrator picks among decode workers by their next iteration end, recorded as the worker's batch is
+    formed: fast-forwarding a decode worker's steady stretch left that record stale (reviewer's reproducer: 20 of
+    40 sa-mix requests on another decode worker at pd=(1, 2))."""
+    w = make_workload(scenario, n_requests=60, seed=0, engine=ENGINE)
+    runs = [Simulator(w, ENGINE, make_policy("hyperflexis-pd", engine=ENGINE), pd=(1, 2), seed=0,
+                      fast_forward=ff).run() for ff in (True, False)]
+    assert_runs_equal(runs[0].result(), runs[1].result(), ignore=FF_FIELDS)
+    assert len(set(runs[0].result().records["instance"].tolist()) - {0}) == 2  # both decode workers serve
+
+
 @pytest.mark.parametrize("scenario,rate", [("hyperflexis-4task", 400.0), ("hyperflexis-2task", 260.0)])
 def test_attainment_at_least_round_robin_at_high_load(scenario, rate):
     """Two llama3-8b-h100 replicas well above capacity (~1.4x the scenario's calibrated 2-replica rate)."""

@@ -694,7 +694,10 @@ class HyperFlexisScheduler(Scheduler):
         step = model.decode_time(len(reqs), ctx)
         st.decoders.update(inst.id, now + step)
         all_running = len(reqs) == keep.size and not inst.waiting and not pre.size
-        return batch_of(reqs, toks, victims, steady=all_running and not victims)
+        # the Migrator reads each decode worker's next iteration end, recorded here: with a choice of workers that
+        # record must be made every iteration, so no fast-forward past it (it would leave the record stale)
+        alone = sum(i.role == Role.DECODE for i in inst.sim.instances) < 2
+        return batch_of(reqs, toks, victims, steady=all_running and not victims and alone)
 
 
 def split_pd(sim: "Simulator", prefill_fraction: float) -> None:
