@@ -5,6 +5,13 @@ Every candidate (running or waiting) has a deadline: a decode step's is its next
 order -- one for a decode, a chunk for a prefill -- until the token budget is spent. Requests without an SLO
 (best-effort) sort last. On KV shortage the running request with the latest deadline is preempted by recompute.
 This is the classic deadline baseline the multi-SLO papers contrast with (e.g. SLOs-Serve §2, PolyServe §3).
+
+Known behaviour, kept (it is EDF's, not a slogym artefact): under KV pressure it thrashes -- a preempted request
+falls behind its deadline line, so it becomes the earliest deadline, is re-admitted with prefill chunks that take the
+KV the running decodes need, and forces the next preemption (the "domino effect" of EDF in overload). E.g. 40
+reasoning requests at 4.8 req/s on ``llama2-70b-a100-tp2`` (18,461 KV tokens): 35,090 preemptions and 119.6M
+recomputed tokens against Sarathi's 186 and 285k; every request still ends in one outcome. No admission hysteresis
+is added: that would be a different policy.
 """
 
 from __future__ import annotations
