@@ -207,11 +207,12 @@ def kv_transfer_known(sim: "Simulator") -> bool:
 def split_colocated(sim: "Simulator", split: Callable[[int], tuple[int, int]], name: str) -> bool:
     """Make a colocated cluster disaggregated at reset, for a P/D policy run without ``Simulator(pd=...)``: the
     first ``P`` of ``(P, D) = split(n)`` instances become PREFILL, the rest DECODE (``sim.switch_role``; the
-    instances are empty, so at once). A cluster built with ``pd=`` keeps its roles, and one instance, or an engine
-    whose KV bytes per token are unknown (no transfer model, :func:`kv_transfer_known`), stays colocated: the
-    policy then runs colocated. Shared by DistServe and the PD variants of PolyServe. Returns whether it split."""
+    instances are empty, so at once). A cluster that is not all colocated (built with ``pd=``, or already split)
+    keeps its roles, and one instance, or an engine whose KV bytes per token are unknown (no transfer model,
+    :func:`kv_transfer_known`), stays colocated: the policy then runs colocated. Shared by DistServe, the PD
+    variants of PolyServe and HyperFlexis' P/D variants. Returns whether it split."""
     n = len(sim.instances)
-    if sim.pd is not None or n < 2 or not kv_transfer_known(sim):
+    if any(i.role != Role.COLOCATED for i in sim.instances) or n < 2 or not kv_transfer_known(sim):
         return False
     p, d = split(n)
     if p + d != n or p < 1 or d < 1:

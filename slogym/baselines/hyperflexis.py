@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from slogym.baselines.common import (batch_of, decode_batch, kv_transfer_known, make_room_for_decodes,
+from slogym.baselines.common import (batch_of, decode_batch, make_room_for_decodes, split_colocated,
                                      split_running, unstick)
 from slogym.core.batch import Batch, BatchFeatures
 from slogym.core.errors import SchedulerError
@@ -701,14 +701,14 @@ class HyperFlexisScheduler(Scheduler):
 
 
 def split_pd(sim: "Simulator", prefill_fraction: float) -> None:
-    """Make an all-colocated cluster P/D through the cluster API (instances are empty at reset); a single
-    instance, or an engine whose KV bytes per token are unknown (no transfer model), stays colocated."""
-    insts = sim.instances
-    if len(insts) < 2 or any(i.role != Role.COLOCATED for i in insts) or not kv_transfer_known(sim):
-        return
-    n_p = min(max(math.ceil(prefill_fraction * len(insts)), 1), len(insts) - 1)
-    for i, inst in enumerate(insts):
-        sim.switch_role(i, Role.PREFILL if i < n_p else Role.DECODE)
+    """Make a colocated cluster P/D at reset, ``ceil(prefill_fraction x n)`` prefill instances (at least one of
+    each role), through :func:`~slogym.baselines.common.split_colocated`: a cluster built with ``pd=``, a single
+    instance, or an engine whose KV bytes per token are unknown stays as it is."""
+    def split(n: int) -> tuple[int, int]:
+        n_p = min(max(math.ceil(prefill_fraction * n), 1), n - 1)
+        return n_p, n - n_p
+
+    split_colocated(sim, split, "hyperflexis")
 
 
 # ============================================================================ scaling (§6, Algorithm 3)
