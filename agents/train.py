@@ -33,6 +33,7 @@ from gymnasium.wrappers import FlattenObservation
 from sb3_contrib import MaskablePPO
 from sb3_contrib.common.wrappers import ActionMasker
 from stable_baselines3 import PPO
+from stable_baselines3.common.logger import Logger
 
 import slogym  # noqa: F401  (registers the environments)
 from slogym.agents import env_policy, model_actor
@@ -201,6 +202,7 @@ def main() -> None:
         policy_kwargs["layout"] = slot_layout(space, cfg["slots"]["items"], cfg["slots"].get("mask"),
                                               n_act - n_slots)
     model = algo(policy, env, seed=seed, device="cpu", verbose=0, policy_kwargs=policy_kwargs, **cfg["ppo"])
+    model.set_logger(Logger(folder=None, output_formats=[]))  # the default one leaves an empty SB3-<date> dir in /tmp
 
     # 4. behaviour cloning warm start
     bc = cfg.get("bc") or {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,13 @@ try:
     torch.set_num_threads(1)
 except ImportError:
     pass
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _sb3_logdir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """SB3's default logger makes an empty ``SB3-<date>`` folder in the system temp dir per ``learn()``: keep them
+    in pytest's own temp tree instead of littering /tmp."""
+    os.environ.setdefault("SB3_LOGDIR", str(tmp_path_factory.mktemp("sb3")))
 
 
 @dataclass
