@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from itertools import islice
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -28,17 +28,22 @@ def split_running(inst: Instance) -> tuple[np.ndarray, np.ndarray]:
     return kernels.decode_split(inst.sim.rs.I, run)
 
 
-def make_room_for_decodes(inst: Instance, dec: np.ndarray, victim_key: Callable[[int], float],
+def make_room_for_decodes(inst: Instance, dec: np.ndarray, victim_key: Callable[[int], Any] | np.ndarray,
                           ) -> tuple[np.ndarray, list[int], int]:
     """Preempt (recompute) running requests, largest ``victim_key`` first, until every remaining decode
     in ``dec`` can grow by one token (vLLM's rule). Returns the surviving decodes, the victims, and the KV
-    blocks still free once the survivors' growth is reserved."""
+    blocks still free once the survivors' growth is reserved.
+
+    ``victim_key`` is a function of a request, or an array of the keys of ``inst.running`` in its order (the
+    same victims, without a Python call per running request: the path of schedulers that preempt often)."""
     rs = inst.sim.rs
     dec = np.asarray(dec, dtype=np.int64)
     total = kernels.decode_kv_growth(rs.I, dec, inst.block_size)
     if total <= inst.free_blocks:
         return dec, [], inst.free_blocks - total
     need = inst.blocks_needed(dec, 1)
+    if isinstance(victim_key, np.ndarray):
+        return _make_room_by_keys(inst, dec, need, total, victim_key)
     free = inst.free_blocks
     victims: list[int] = []
     alive = dict(zip(dec.tolist(), need.tolist()))
@@ -52,6 +57,25 @@ def make_room_for_decodes(inst: Instance, dec: np.ndarray, victim_key: Callable[
         total -= alive.pop(v, 0)
     keep = np.array([r for r in dec.tolist() if r in alive], dtype=np.int64)
     return keep, victims, free - total
+
+
+def _make_room_by_keys(inst: Instance, dec: np.ndarray, need: np.ndarray, total: int, run_keys: np.ndarray,
+                       ) -> tuple[np.ndarray, list[int], int]:
+    """:func:`make_room_for_decodes`' loop in array form: the pool is ``dec`` then the prefilling rest of
+    ``inst.running``, stably sorted by key (Python's ``sorted``), victims popped from its end while KV is short."""
+    kv = inst.sim.rs.kv_blocks
+    run = inst.running_array()
+    is_dec = np.isin(run, dec)
+    at = np.argsort(run, kind="stable")
+    pos = at[np.searchsorted(run, dec, sorter=at)]  # dec's positions in running order
+    pool = np.concatenate([dec, run[~is_dec]])
+    keys = np.concatenate([run_keys[pos], run_keys[~is_dec]])
+    gain = kv[pool] + np.concatenate([need, np.zeros(pool.size - dec.size, np.int64)])  # freed + growth dropped
+    popped = np.argsort(keys, kind="stable")[::-1]
+    cum = np.cumsum(gain[popped])
+    k = min(int(np.searchsorted(cum, total - inst.free_blocks)) + 1, pool.size)
+    victims = pool[popped[:k]]
+    return dec[~np.isin(dec, victims)], victims.tolist(), inst.free_blocks - total + int(cum[k - 1])
 
 
 def fill_prefill_chunks(inst: Instance, candidates: Iterable[int], budget: int, free_blocks: int,

@@ -148,7 +148,7 @@ class DistServeScheduler(VLLMScheduler):
         if pre.size or len(arrived) < len(inst.waiting):  # a recompute after preemption: vLLM's path
             return super().next_batch(inst, now)
         arrival = inst.sim.w.arrival
-        keep, victims, free = make_room_for_decodes(inst, dec, lambda r: arrival[r])
+        keep, victims, free = make_room_for_decodes(inst, dec, arrival[inst.running_array()])
         if victims:
             return decode_batch(keep, victims)
         free -= int(self.watermark * inst.total_blocks)

@@ -36,19 +36,18 @@ class EDFScheduler(TokenBudgetScheduler):
         if not (dec.size or pre.size or inst.waiting):
             return None
         victims: list[int] = []
-        running = np.array(inst.running, dtype=np.int64)
-        dl_of = dict(zip(inst.running, next_deadline(inst, running).tolist())) if running.size else {}
+        dl_run = next_deadline(inst, inst.running_array())
         if dec.size:
-            dec, victims, _ = make_room_for_decodes(inst, dec, lambda r: dl_of[r])
-        cands = np.array(dec.tolist() + [r for r in pre.tolist() + inst.waiting if r not in victims],
-                         dtype=np.int64)
+            dec, victims, _ = make_room_for_decodes(inst, dec, dl_run)
+        rest = np.concatenate([pre, np.asarray(inst.waiting, dtype=np.int64)])
+        cands = np.concatenate([dec, rest[~np.isin(rest, victims)] if victims else rest])
         dl = next_deadline(inst, cands)
         order = np.argsort(dl, kind="stable")
-        b = BatchBuilder(inst, self.token_budget, inst.free_blocks + sum(int(inst.sim.rs.kv_blocks[v])
-                                                                         for v in victims), self.max_num_seqs)
+        b = BatchBuilder(inst, self.token_budget, inst.free_blocks + int(inst.sim.rs.kv_blocks[victims].sum()),
+                         self.max_num_seqs)
         b.take_all(cands[order])  # a candidate that does not fit waits; later deadlines may still run
         reqs, toks = b.reqs, b.toks
         if not reqs and not victims:
-            return unstick(inst, lambda r: dl_of.get(r, np.inf))
+            return unstick(inst, dict(zip(inst.running, dl_run.tolist())).__getitem__)
         all_running = not inst.waiting and not pre.size and len(reqs) == len(inst.running)
         return batch_of(reqs, toks, victims, steady=all_running and not victims and all(t == 1 for t in toks))

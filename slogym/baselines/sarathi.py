@@ -59,7 +59,7 @@ class SarathiScheduler(TokenBudgetScheduler):
         victims: list[int] = []
         free = inst.free_blocks
         if dec.size:
-            dec, victims, free = make_room_for_decodes(inst, dec, lambda r: arrival[r])
+            dec, victims, free = make_room_for_decodes(inst, dec, arrival[inst.running_array()])
             if victims:
                 pre = np.array([r for r in pre.tolist() if r not in victims], dtype=np.int64)
         if not (pre.size or inst.waiting) and (dec.size or victims):

@@ -316,7 +316,7 @@ class TempoScheduler(TokenBudgetScheduler):
         victims: list[int] = []
         free = inst.free_blocks
         if dec.size:  # running decodes must grow: evict the least dense (vLLM's rule, LSDF order)
-            dec, victims, free = make_room_for_decodes(inst, dec, lambda r: -prio[r])
+            dec, victims, free = make_room_for_decodes(inst, dec, -p[:len(inst.running)])
         ranked = [r for r in cands[np.argsort(-p, kind="stable")].tolist() if r not in victims]
         insensitive = set(cands[(self.slo[cands] == _NONE) | rs.be[cands]].tolist())
         switched, free = self._switch(inst, ranked, prio, insensitive, dec, free, len(victims))

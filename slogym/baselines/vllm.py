@@ -49,7 +49,7 @@ class VLLMScheduler(Scheduler):
                 return batch_of(reqs, toks)
         if not dec.size:
             return unstick(inst, lambda r: arrival[r])
-        keep, victims, _ = make_room_for_decodes(inst, dec, lambda r: arrival[r])
+        keep, victims, _ = make_room_for_decodes(inst, dec, arrival[inst.running_array()])
         return decode_batch(keep, victims, steady=not victims)
 
     def pilot_rule(self, inst: Instance) -> tuple[int, int, int, int] | None:
