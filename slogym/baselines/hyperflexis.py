@@ -891,16 +891,25 @@ def _policy(name: str, slo_mapping: bool = False, pd: bool = False, scaling: boo
 
 
 def _rr_pd(engine: Any = None, **params: Any) -> Policy:
-    """RR-PD (§8.1.2): round-robin in both stages, vLLM FCFS on every worker; P/D split as ``hyperflexis-pd``."""
-    from slogym.baselines.vllm import VLLMScheduler
+    """RR-PD (§8.1.2): "request dispatching in both the Prefill and Decode stages follows a round-robin policy"
+    (:class:`RoundRobinPDRouter`), with no SLO awareness; P/D split as ``hyperflexis-pd``.
+
+    The paper names only the dispatching; each worker runs FCFS, the P/D FCFS worker that slogym shares with
+    DistServe (:class:`~slogym.baselines.distserve.DistServeScheduler`): vLLM's FCFS scheduler on prefill workers,
+    and on decode workers requests whose KV arrived join the running decode batch in FCFS order within
+    ``max_num_seqs`` and free KV. (Until 2026-11-22 RR-PD ran plain vLLM on decode workers, whose prefill-first
+    iteration admits migrated requests in separate one-token "prefill" batches that stall the running decodes --
+    the path docs/baselines/distserve.md calls wrong for a decode instance; it cut RR-PD's attainment on
+    hyperflexis-2task pd 2:2 at load 1.0 from 1.000 to 0.789.)"""
+    from slogym.baselines.distserve import DistServeScheduler
 
     fraction = params.pop("prefill_fraction", 0.5)
     defaults = {} if engine is None else {"max_num_seqs": int(engine.max_num_seqs),
                                           "max_num_batched_tokens": int(engine.max_num_batched_tokens)}
-    sched = _PDSplit(VLLMScheduler(**(defaults | params)), fraction)
+    sched = _PDSplit(DistServeScheduler(**(defaults | params)), fraction)
     return Policy(name="rr-pd", scheduler=sched, router=RoundRobinPDRouter(),
-                  params={"scheduler": "VLLMScheduler", "router": "RoundRobinPDRouter", "prefill_fraction": fraction}
-                  | defaults | params)
+                  params={"scheduler": "DistServeScheduler", "router": "RoundRobinPDRouter",
+                          "prefill_fraction": fraction} | defaults | params)
 
 
 class _PDSplit(Scheduler):
