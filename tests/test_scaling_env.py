@@ -12,8 +12,11 @@ from gymnasium.utils.env_checker import check_env
 import slogym  # noqa: F401
 from helpers import WALL_FIELDS, assert_runs_equal
 from slogym.agents import env_policy
-from slogym.core.instance import InstanceState
+from slogym.baselines import make_policy
+from slogym.core.instance import InstanceState, Role
 from slogym.core.simulator import Simulator
+from slogym.core.state import Outcome, Status
+from slogym.envs.scaling import ROLE_POOLS, PoolLayout, ScalingEnv
 
 SMALL = dict(scenario="coder", rate_scale=4.0, episode=60.0, seed=0, pool_requests=3000, control_interval=5.0)
 TIERS = dict(scenario="polyserve-tiers", rate_scale=1.0, episode=30.0, seed=0, pool_requests=3000,
@@ -21,6 +24,11 @@ TIERS = dict(scenario="polyserve-tiers", rate_scale=1.0, episode=30.0, seed=0, p
 # PolyServe's tier autoscaling: its scheduler on every instance, its scaler's deltas as the expert; a load that
 # makes tiers pend at the start and empties instances at the end
 POLY = dict(TIERS, policy="polyserve-co", rate_scale=10.0, cold_start=1.0)
+# prefill/decode role pools under HyperFlexis' P/D policy (its Dispatcher and Migrator route, its threshold scaler
+# is the expert; Fast Scaling's d2d cold start), on a load that makes both stages scale and switch roles
+ROLES = dict(scenario="chatbot", rate_scale=3.0, episode=30.0, seed=0, pool_requests=3000, control_interval=1.0,
+             pools="roles", pd=(1, 1), max_instances=4, cold_start="d2d", policy="hyperflexis-pd-scaling")
+ROLES_DS = dict(ROLES, policy="distserve", rate_scale=2.0, episode=15.0)
 
 
 def play(env: gym.Env, pick) -> tuple[float, dict]:
@@ -31,7 +39,7 @@ def play(env: gym.Env, pick) -> tuple[float, dict]:
     return total, info
 
 
-@pytest.mark.parametrize("kw", [SMALL, TIERS, POLY])
+@pytest.mark.parametrize("kw", [SMALL, TIERS, POLY, ROLES, ROLES_DS])
 def test_gymnasium_and_sb3_checkers(kw):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -168,7 +176,9 @@ def test_agent_policy_in_a_plain_simulator_earns_the_env_return():
     assert r["instance_seconds"] == pytest.approx(3 * r["gain"] / r["goodput"])
 
 
-@pytest.mark.parametrize("kw,match", [({"pools": "roles"}, "unknown pools"),
+@pytest.mark.parametrize("kw,match", [({"pools": "pods"}, "unknown pools"), ({"pd": (1, 1)}, "needs pools='roles'"),
+                                      ({"pools": "roles", "pd": (1, 9)}, r"pd \(9\) <= max_instances"),
+                                      ({"pools": "roles", "policy": "polyserve-co"}, "cannot serve pools='roles'"),
                                       ({"control_interval": 0}, "control_interval"), ({"max_delta": 0}, "max_delta"),
                                       ({"lam": -1.0}, "lam"),
                                       ({"min_instances": 3, "n_instances": 2}, "min_instances"),
@@ -197,7 +207,119 @@ def test_rgb_render_draws_instances_added_during_the_episode():
 
 
 @pytest.mark.parametrize("policy", ["rr-pd", "hyperflexis-pd"])
-def test_prefill_decode_policies_are_refused_with_a_clear_error(policy):
+def test_prefill_decode_policies_are_refused_with_colocated_pools(policy):
     env = gym.make("slogym/Scaling-v0", **SMALL, policy=policy, n_instances=2)
-    with pytest.raises(ValueError, match="colocated"):
+    with pytest.raises(ValueError, match="colocated.*needs pools='roles'"):
         env.reset(seed=0)
+
+
+class _RouteSpy(ScalingEnv):
+    """Records the role of every instance the episode's router picks: new requests, and KV hand-offs."""
+
+    def _configure(self, sim):
+        super()._configure(sim)
+        router, self.routed = sim.policy.router, []
+        for kind in ("route", "route_decode"):
+            def spy(r, s, t, f=getattr(router, kind), kind=kind):
+                i = f(r, s, t)
+                if i >= 0:
+                    self.routed.append((kind, s.instances[i].role, s.instances[i].pool))
+                return i
+            setattr(router, kind, spy)
+
+
+@pytest.mark.parametrize("policy", ["distserve", "hyperflexis-pd", "rr-pd", "sarathi"])
+def test_role_pools_route_by_role_keep_kv_in_capacity_and_end_with_every_request_once(policy):
+    """P/D policies are accepted with role pools: new requests go to the prefill pool, KV to the decode pool (the
+    policy's own P/D-aware router), every pool's instances have its role (or are joining it by a role switch), no
+    instance's KV exceeds its capacity, and every request reaches exactly one outcome."""
+    env = _RouteSpy(**(ROLES_DS | {"policy": policy}))
+    env.reset(seed=0)
+    env.action_space.seed(1)
+    done, info = False, {}
+    while not done:
+        _, _, done, _, info = env.step(env.action_space.sample())
+        for inst in env.sim.instances:
+            assert 0 <= inst.free_blocks <= inst.total_blocks
+            if inst.state != InstanceState.STOPPED:
+                assert (inst.switch_to or inst.role) == ROLE_POOLS[inst.pool]
+    sim = env.sim
+    assert {(k, role, pool) for k, role, pool in env.routed} == {("route", Role.PREFILL, 0),
+                                                                 ("route_decode", Role.DECODE, 1)}
+    assert sim.kv_transfers > 0 and len(sim.instances) > 2
+    assert any(e[1] == "role_switch" for e in sim.events)  # random deltas of opposite signs switch roles
+    outcomes = info["summary"]["outcomes"]
+    assert sum(outcomes.values()) == len(sim.w)
+    assert (sim.rs.outcome != Outcome.NONE).all() and (sim.rs.status == Status.DONE).all()
+    assert all(i.empty for i in sim.instances)  # nothing left resident, parked or in flight
+
+
+def test_role_pools_seeded_episodes_are_identical_and_masks_cover_both_pools():
+    runs = []
+    for _ in range(2):
+        env = gym.make("slogym/Scaling-v0", **ROLES_DS).unwrapped
+        obs, _ = env.reset(seed=4)
+        assert env.action_space == gym.spaces.MultiDiscrete([5, 5]) and obs["pools"].shape == (2, 8)
+        assert env.action_masks().tolist() == [False, False, True, True, True] * 2  # 1 instance each, in [1, 4]
+        env.action_space.seed(2)
+        total, info = play(env, lambda e: e.action_space.sample())
+        runs.append((total, info["summary"]["cost_instance_seconds"], info["summary"]["attainment"],
+                     [(e[0], e[1], e[3]) for e in env.sim.events if e[2] == -1]))
+    assert runs[0] == runs[1]
+
+
+def test_opposite_role_deltas_switch_an_instance_instead_of_starting_one():
+    env = gym.make("slogym/Scaling-v0", **(ROLES_DS | {"pd": (2, 1)})).unwrapped
+    env.reset(seed=0)
+    k = env.max_delta
+    env.step(np.array([k - 1, k + 1]))  # prefill -1, decode +1: one role switch, no new instance
+    sim = env.sim
+    assert len(sim.instances) == 3 and all(i.started_at == 0.0 for i in sim.instances)
+    switched = [i for i in sim.instances if i.pool == 1 and i.id < 2]
+    assert len(switched) == 1 and (switched[0].switch_to or switched[0].role) == Role.DECODE
+    assert env.layout.sizes(sim).tolist() == [1, 2]
+    assert any(e[1] == "role_switch" and e[3] == switched[0].id for e in sim.events)
+    # the switched instance counts in the decode pool (joining while it drains), so the bound applies to it
+    assert env.action_masks().tolist()[5:] == [False, True, True, True, True]  # 2 in [1, 4]: -2 is clipped
+
+
+def test_hyperflexis_pd_scaler_replayed_in_role_pools():
+    """HyperFlexis' P/D threshold scaler (§6, Algorithm 3) replayed as the expert gives the run of
+    ``baseline_policy("policy")`` (its deltas clipped by the env, served natively), its role switches included;
+    on a window where none of the stated differences arises (a refused switch, the bounds, the instance given up)
+    it is the native ``hyperflexis-pd-scaling`` run, and on one where only the instance drained differs it takes
+    the same scaling decisions (time, kind, role) as the native run."""
+    env = gym.make("slogym/Scaling-v0", **ROLES).unwrapped
+
+    def replay(seed: int) -> tuple[Simulator, dict]:
+        env.reset(seed=seed)
+        return env.sim, play(env, lambda e: e.expert_action("policy"))[1]
+
+    def native(policy) -> Simulator:
+        return Simulator(env.sim.w, env.engine, policy, pd=env.pd, seed=env.sim.seed,
+                         attainment=env.attainment).run()
+
+    def decisions(sim: Simulator) -> list[tuple]:
+        return [(e[0], e[1], Role(e[4]) if e[1] != "instance_drain" else None) for e in sim.events
+                if e[1] in ("instance_start", "instance_drain", "role_switch") and e[0] == round(e[0])]
+
+    sim, info = replay(1)
+    assert any(e[1] == "role_switch" for e in sim.events) and len(sim.instances) > 3
+    assert sum(info["summary"]["outcomes"].values()) == len(sim.w)
+    assert_runs_equal(native(env.baseline_policy("policy")).result(), sim.result(), WALL_FIELDS | {"policy"})
+    own = native(make_policy("hyperflexis-pd-scaling", env.engine))
+    assert decisions(own) == decisions(sim)
+    sim, _ = replay(2)
+    assert_runs_equal(native(make_policy("hyperflexis-pd-scaling", env.engine)).result(), sim.result(),
+                      WALL_FIELDS | {"policy"})
+
+
+def test_role_pools_take_only_per_role_scaler_deltas():
+    layout = PoolLayout("roles", 2, (1, 1), 1, 4, "d2d")
+
+    class PerTier:
+        def deltas(self, sim, now):
+            return np.zeros(2, np.int64)
+
+    with pytest.raises(ValueError, match="not per prefill/decode role"):
+        layout.deltas_of(PerTier(), None, 0.0)
