@@ -66,8 +66,10 @@ the growing pool; (2) bounds: HyperFlexis caps all instances together (``max_ins
 stage with an instance still starting, the env bounds each pool by ``[min_instances, max_instances]``; (3) the
 instance given up: HyperFlexis takes the active one with the fewest resident requests (newest on ties), the env
 a joining one first, then the active one with the fewest outstanding tokens (lowest index on ties); (4)
-HyperFlexis cold-starts from disk when no instance is active, never the case in role pools. Where none of these
-arises the replay is the native run (``tests/test_scaling_env.py``).
+HyperFlexis cold-starts from disk when no instance is active, never the case in role pools. Where (1), (2) and (4)
+do not arise and (3) only picks another idle instance, the replay is the native run (per-request records; the run's
+cost up to where the last scaler tick ends it); where (3) drains another busy instance it still takes the same
+decisions at the same times (``tests/test_scaling_env.py``).
 
 Routing: :class:`PoolRouter` (least outstanding tokens among the accepting instances of the request's pool)
 routes the requests of ``single`` and ``tiers`` pools. Deviation: not the ``policy``'s router there (baseline
