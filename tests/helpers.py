@@ -71,7 +71,7 @@ def check_instance(sim: Any, inst: Any) -> None:
     rs = sim.rs
     assert 0 <= inst.free_blocks <= inst.total_blocks, (inst.id, inst.free_blocks, inst.total_blocks)
     on = np.flatnonzero(rs.instance == inst.id)
-    held = int(rs.kv_blocks[on].sum())
+    held = int(rs.kv_blocks[on].sum()) + sim.staged_blocks(inst.id)
     assert held == inst.total_blocks - inst.free_blocks, \
         f"instance {inst.id}: requests hold {held} blocks, instance has {inst.total_blocks - inst.free_blocks} used"
     assert (rs.kv_blocks >= 0).all()

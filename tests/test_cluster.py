@@ -116,8 +116,11 @@ def check_cluster(sim: Simulator) -> None:
     seen: set[int] = set()
     for inst in sim.instances:
         assert 0 <= inst.free_blocks <= inst.total_blocks
-        held = int(rs.kv_blocks[rs.instance == inst.id].sum())
+        held = int(rs.kv_blocks[rs.instance == inst.id].sum()) + sim.staged_blocks(inst.id)
         assert held == inst.total_blocks - inst.free_blocks, (inst, held)
+        # computed tokens without blocks here: KV that arrived by transfer, still held by its prefill instance
+        for r in inst.waiting:
+            assert rs.kv_blocks[r] > 0 or rs.num_computed[r] == 0 or r in sim._staged, f"request {r}: KV held nowhere"
         lists = inst.waiting + inst.running
         assert not seen & set(lists) and len(set(lists)) == len(lists), f"request listed twice: {lists}"
         seen |= set(lists)
@@ -126,7 +129,7 @@ def check_cluster(sim: Simulator) -> None:
         assert all(rs.instance[r] == inst.id for r in lists)
         assert inst.n_waiting_kv == sum(int(rs.kv_blocks[r] > 0) for r in inst.waiting)
         parked = (rs.instance == inst.id) & np.isin(rs.status, (Status.EXTERNAL, Status.TRANSFER))
-        assert int(parked.sum()) == inst.n_parked
+        assert int(parked.sum()) + sum(j == inst.id for j, _ in sim._staged.values()) == inst.n_parked
         assert inst.n_incoming == sum(d == inst.id for d in sim._xfer_dst.values())
         if inst.state in (InstanceState.STARTING, InstanceState.STOPPED):
             assert inst.empty and inst.free_blocks == inst.total_blocks and inst.inflight is None
@@ -232,7 +235,8 @@ def check_done(sim: Simulator) -> None:
     # KV moved at most once per prefill segment ending on a prefill instance, never to a non-decode role
     xfers = [e for e in sim.events if e[1] == "kv_transfer"]
     assert len(xfers) == sim.kv_transfers == res.summary["kv_transfers"]
-    # cost: each instance from its start event (or t=0) to its stop event (or the end), from the event log
+    # cost: each instance from its start event (or t=0) to its stop event (or the end: the last outcome, which also
+    # caps a stop after it), from the event log
     start = {i: 0.0 for i in range(len(sim.roles))}
     stop: dict[int, float] = {}
     for t, kind, _, i, _ in sim.events:
@@ -240,7 +244,9 @@ def check_done(sim: Simulator) -> None:
             start[i] = float(t)
         elif kind == "instance_stop":
             stop[i] = float(t)
-    cost = sum(stop.get(i, sim.end_time) - t0 for i, t0 in start.items())
+    end = sim.end_time
+    assert end == float(np.nanmax(sim.rs.finish))
+    cost = sum(max(min(stop.get(i, end), end) - t0, 0.0) for i, t0 in start.items())
     assert res.summary["cost_instance_seconds"] == pytest.approx(cost, rel=1e-12, abs=1e-12)
     n_served = int(served.sum())
     if n_served:
@@ -341,3 +347,48 @@ def test_a_hand_off_demoted_to_best_effort_is_placed_as_one():
     with pytest.raises(SchedulerError, match="route_decode sent request 1 to instance -3"):
         Simulator(_chat(6, gap=0.001, o=10), eng, make_policy("vllm", eng, router=DemotingDecode(always=True)),
                   pd=(1, 1), transfer=XFER, seed=0).run()
+
+
+# ---------------------------------------------------------------------------------------------- P/D hand-off memory
+def test_transferred_kv_stays_on_the_prefill_instance_until_the_decode_side_admits_it():
+    """Decode memory pressure: arrived KV waits in the decode queue while its blocks stay on the prefill instance
+    (never in a store that belongs to no instance), which throttles the prefill side; everything still finishes."""
+    eng = ToyEngine(kv_capacity_tokens=8192)
+    w = Workload.from_requests([Request(0.001 * i, [prefill(1000, 100.0), decode(3000, 10.0)]) for i in range(60)])
+    pol = make_policy("distserve", eng)
+    inner, staged_peak = pol.scheduler.next_batch, [0]
+
+    def checked(inst, now):
+        check_cluster(inst.sim)
+        staged_peak[0] = max(staged_peak[0], sum(b for _, b in inst.sim._staged.values()))
+        return inner(inst, now)
+
+    pol.scheduler.next_batch = checked
+    sim = Simulator(w, eng, pol, pd=(1, 1), transfer=KVTransfer(bytes_per_token=1000.0)).run()
+    assert staged_peak[0] > 0  # the decode side could not admit at once: the path ran
+    assert staged_peak[0] <= sim.instances[0].total_blocks
+    assert (sim.rs.outcome == Outcome.FINISHED).all() and not sim._staged
+    assert all(i.free_blocks == i.total_blocks and i.n_parked == 0 and i.n_staged == 0 for i in sim.instances)
+
+
+def test_a_decode_instance_too_small_for_the_context_drops_the_request():
+    big, small = ToyEngine(kv_capacity_tokens=4096), ToyEngine(kv_capacity_tokens=256)
+    w = Workload.from_requests([Request(0.0, [prefill(200, 1.0), decode(100, 0.1)]),
+                                Request(0.0, [prefill(20, 1.0), decode(10, 0.1)])])
+    sim = Simulator(w, [big, small], make_policy("vllm", big), pd=(1, 1),
+                    transfer=KVTransfer(bytes_per_token=1000.0)).run()
+    assert sim.dropped_reasons == {"exceeds_kv_capacity": 1}
+    assert sim.rs.outcome.tolist() == [Outcome.DROPPED, Outcome.FINISHED]
+    assert all(i.free_blocks == i.total_blocks and i.n_parked == 0 for i in sim.instances)
+
+
+def test_routing_to_a_draining_instance_raises():
+    class ToDrained(SingleOrRoundRobin):
+        def route(self, r, sim, now):
+            return 0
+
+    eng = ToyEngine()
+    sim = Simulator(_chat(6, gap=0.5), eng, make_policy("vllm", eng, router=ToDrained()), n_instances=2)
+    sim.add_timer(0.25, lambda s, t: s.drain_instance(0))
+    with pytest.raises(SchedulerError, match="DRAINING|draining|accept"):
+        sim.run()

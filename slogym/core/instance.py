@@ -58,6 +58,7 @@ class Instance:
         self.switch_to: Role | None = None  # role taken once a draining instance is empty (else it stops)
         self.n_parked = 0    # requests off both lists whose KV stays here (tool call, KV transfer out)
         self.n_incoming = 0  # KV transfers on their way to this instance
+        self.n_staged = 0  # waiting requests whose KV arrived but is still held by the prefill instance
         self.n_waiting_kv = 0  # waiting requests that hold KV here (back from a tool call): see _kv_holders_first
         self.block_size: int = int(engine.block_size)
         self.total_blocks: int = int(engine.kv_blocks)

@@ -234,8 +234,10 @@ def request_records(sim: "Simulator") -> pd.DataFrame:
 
 def instance_seconds(sim: "Simulator") -> list[float]:
     """Each instance's cost in instance-seconds (HyperFlexis Eq. 3 with a unit cost of 1 per second): from its
-    start request (cold start included) to its stop, or to the end of the run while alive."""
-    return [(i.stopped_at if i.stopped_at is not None else sim.end_time) - i.started_at for i in sim.instances]
+    start request (cold start included) to its stop, or to the end of the run (its last outcome) while alive; an
+    instance asked for, or stopped, after that is charged up to it only."""
+    end = sim.end_time
+    return [max(min(end if i.stopped_at is None else i.stopped_at, end) - i.started_at, 0.0) for i in sim.instances]
 
 
 def _nanmean(x: np.ndarray) -> float:

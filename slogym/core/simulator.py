@@ -63,6 +63,10 @@ _Gen = Generator[tuple, Any, None]
 ATTAINMENT_MODES = MODES  # the verdict modes, numbered in this order by metrics.verdict
 
 
+def _no_op(sim: "Simulator", t: float) -> None:
+    """A timer that only offers idle instances work (:meth:`Simulator.add_timer`)."""
+
+
 class Simulator:
     """Replays ``workload`` on ``n_instances`` replicas of ``engine`` under ``policy``.
 
@@ -376,6 +380,7 @@ class Simulator:
         self._pd = Role.PREFILL in self.roles  # other instances' iteration ends can hand KV off: see _ff_horizon
         self._lifecycle = False  # set by the first drain / switch / add: instances may then stop or flip
         self._xfer_dst: dict[int, int] = {}  # request -> decode instance, while its KV is in flight
+        self._staged: dict[int, tuple[int, int]] = {}  # arrived, not yet admitted: request -> (source, its blocks)
         self._handoff_wait: list[int] = []  # prefilled requests no decode instance could take yet
         self._pilot_fin: list[int] = []  # stage ends a pilot run left to _pilot_handback
         self._offer_t = INF  # the time the global queue is being offered at (_retry_queue), else inf
@@ -443,7 +448,7 @@ class Simulator:
     def _scaler_tick(self, sim: "Simulator", t: float) -> None:
         scaler = self.policy.scaler
         scaler.decide(self, t)
-        if self._na < len(self.w) or self._iter:
+        if (self._na < len(self.w) or self._iter) and self._n_done < len(self.w):
             self.add_timer(t + scaler.interval, self._scaler_tick)
 
     # ================================================================== arrivals and routing
@@ -511,8 +516,8 @@ class Simulator:
     def _enqueue(self, inst: Instance, r: int, front: bool = False) -> None:
         """``r`` joins ``inst``'s waiting list (at the back, or the front for a preempted request), counted in
         ``n_waiting_kv`` when it holds KV there."""
-        if type(inst) is ParkedInstance and not front and self.rs.kv_blocks[r] == 0 and pilot.enqueue_parked(
-                self._pk_i, self._pk_f, self._pk_wait, inst.id, r, _PARK_CAP):
+        if (type(inst) is ParkedInstance and not front and self.rs.kv_blocks[r] == 0 and r not in self._staged
+                and pilot.enqueue_parked(self._pk_i, self._pk_f, self._pk_wait, inst.id, r, _PARK_CAP)):
             self.on_request_placed(r, inst)
             return
         if front:
@@ -664,6 +669,8 @@ class Simulator:
         for r in self._admit_buf[:n].tolist():
             self._dequeue(inst, r)
             inst.running.append(r)
+            if inst.n_staged and r in self._staged:
+                self._unstage(r, inst, t)
         inst.running_changed()
 
     # ================================================================== fast-forward
@@ -822,7 +829,7 @@ class Simulator:
         heap: its later iteration ends run in :meth:`_drain`."""
         idx, tok, spec = (_NONE, _NONE, None) if start else inst.inflight
         if (inst.time_coef is None or spec is not None or inst.role != Role.COLOCATED or self._lifecycle
-                or inst.n_waiting_kv):
+                or inst.n_waiting_kv or inst.n_staged):
             return _NO_PILOT
         rule = self.policy.scheduler.pilot_rule(inst)
         if rule is None:
@@ -1184,23 +1191,44 @@ class Simulator:
         self._push(t + self.transfer.seconds(int(rs.num_computed[r]), src.engine), _XFER_DONE, r)
 
     def _on_transfer_done(self, r: int, t: float) -> _Gen:
-        """``r``'s KV arrived: freed on the prefill instance; ``r`` waits on the decode instance, its computed
-        tokens counted as KV to allocate when a scheduler admits it (decode-side admission)."""
+        """``r``'s KV arrived: ``r`` waits on the decode instance, its computed tokens counted as KV to allocate
+        when a scheduler admits it (decode-side admission). Until then its blocks stay allocated on the prefill
+        instance (:meth:`_unstage`), as in vLLM's disaggregated serving, where the decode side allocates blocks
+        and then pulls into them: the KV is held by exactly one instance at every moment, so a decode side that
+        cannot admit holds the prefill side's memory (back-pressure) instead of a store that belongs to nobody.
+        Deviation: the transfer is timed before the admission, not after it."""
         rs = self.rs
         src = self.instances[int(rs.instance[r])]
         dst = self.instances[self._xfer_dst.pop(r)]
-        src.free_blocks += int(rs.kv_blocks[r])
+        self._staged[r] = (src.id, int(rs.kv_blocks[r]))
         rs.kv_blocks[r] = 0
-        src.n_parked -= 1
-        self.on_kv_freed(r, src)
         dst.n_incoming -= 1
+        dst.n_staged += 1
         rs.instance[r] = dst.id
         rs.slot[r] = dst.id
         rs.status[r] = Status.WAITING
         self._enqueue(dst, r)
-        self._check_drained(src, t)
         if not dst.busy:
             yield from self._schedule(dst, t)
+
+    def staged_blocks(self, i: int) -> int:
+        """KV blocks instance ``i`` still holds for requests waiting on a decode instance (:meth:`_on_transfer_done`):
+        with the blocks of the requests on ``i``, what ``i`` has allocated."""
+        return sum(b for j, b in self._staged.values() if j == i)
+
+    def _unstage(self, r: int, dst: Instance, t: float) -> None:
+        """``r`` left ``dst``'s queue (admitted, or done): its KV's blocks on the prefill instance are freed. A
+        prefill instance left idle with a queue is offered work again at ``t`` (a timer: callers are not
+        generators)."""
+        i, blocks = self._staged.pop(r)
+        src = self.instances[i]
+        src.free_blocks += blocks
+        src.n_parked -= 1
+        dst.n_staged -= 1
+        self.on_kv_freed(r, src)
+        self._check_drained(src, t)
+        if not src.busy and src.waiting:
+            self.add_timer(t, _no_op)
 
     # ================================================================== leaving an instance
     def _drop_kv(self, inst: Instance, r: int) -> None:
@@ -1225,6 +1253,8 @@ class Simulator:
             inst.running_changed()
         elif st == _WAITING:
             self._dequeue(inst, r)
+            if inst.n_staged and r in self._staged:
+                self._unstage(r, inst, self.now)
         elif st == _EXTERNAL:
             inst.n_parked -= 1
         elif st == _TRANSFER:
@@ -1232,7 +1262,7 @@ class Simulator:
             d = self._xfer_dst.pop(r, None)
             if d is not None:
                 self.instances[d].n_incoming -= 1
-            else:
+            elif r in self._handoff_wait:  # (else dropped while being routed: _send_kv)
                 self._handoff_wait.remove(r)
         self.on_kv_freed(r, inst)
 
@@ -1353,5 +1383,6 @@ class Simulator:
         # the pilot runs one instance up to the next event that can reach it, so its log entries may come before
         # another instance's earlier ones: the log is kept in time order (stable: same-time entries keep theirs)
         self.events.sort(key=lambda e: e[0])
+        # the run ends with its last outcome: a scaler tick or a timer after it is not part of it (nor charged)
         fin = rs.finish[~np.isnan(rs.finish)]
-        self.end_time = max(self.now, float(fin.max()) if fin.size else 0.0)
+        self.end_time = float(fin.max()) if fin.size else self.now

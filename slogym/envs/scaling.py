@@ -135,7 +135,7 @@ class _GeneratorTicks:
         out = scaler.decide(self, t)
         if out is not None:
             yield from out
-        if self._na < len(self.w) or self._iter:
+        if (self._na < len(self.w) or self._iter) and self._n_done < len(self.w):  # as the core's tick
             self.add_timer(t + scaler.interval, self._scaler_tick)
 
 
