@@ -260,6 +260,7 @@ def _cluster_size(args: argparse.Namespace) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from slogym.baselines import ROUTERS, list_policies
+    from slogym.core.cluster import KVTransfer
     from slogym.core.simulator import Simulator
     from slogym.workloads.scenarios import SCENARIOS, list_scenarios, make_workload
 
@@ -298,7 +299,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         policy.router = SingleOrRoundRobin()
     progress = not (args.json or args.no_progress) and sys.stderr.isatty()
     sim = Simulator(workload, engine, policy, n_inst, pd=args.pd, seed=args.seed, attainment=args.attainment,
-                    progress=progress)
+                    progress=progress, transfer=KVTransfer(bandwidth_gbps=args.kv_gbps))
     result = sim.run().result()
     if args.out is not None:
         result.to_parquet(args.out)
@@ -388,8 +389,12 @@ def cmd_profile_fit(args: argparse.Namespace) -> int:
     given = {"model": args.model, "gpu": args.gpu, "tp": args.tp, "kv_capacity_tokens": args.kv_tokens,
              "kv_bytes_per_token": args.kv_bytes_per_token}
     meta |= {k: v for k, v in given.items() if v is not None}
+    profiled = _read_profile_limits(args.records)
+    if profiled is not None and args.kv_tokens is None:
+        meta["kv_capacity_tokens"] = profiled["kv_capacity_tokens"]
     if meta["kv_capacity_tokens"] is None:
-        raise UsageError("--kv-tokens is required without --base (the preset's KV capacity in tokens)")
+        raise UsageError("--kv-tokens is required without --base or a profile sidecar (the preset's KV capacity "
+                         "in tokens)")
     if args.family == "analytic":
         if base is None or base.perf.family != "analytic":
             raise UsageError("--family analytic needs --base ENGINE, an analytic preset whose architecture and "
@@ -403,21 +408,49 @@ def cmd_profile_fit(args: argparse.Namespace) -> int:
                              holdout=args.holdout, seed=args.seed, **meta, **options)
     except (OSError, ValueError) as e:
         raise UsageError(f"{args.records}: {e}") from None
-    if base is not None:
-        preset.update(block_size=base.block_size, max_num_seqs=base.max_num_seqs,
-                      max_num_batched_tokens=base.max_num_batched_tokens)
+    # batch limits: the flags, else the profiled engine's (the records' sidecar), else --base's
+    sources = (("flag", {k: getattr(args, k) for k in PROFILE_LIMITS}), ("profile", profiled or {}),
+               ("base", {} if base is None else {k: getattr(base, k) for k in PROFILE_LIMITS}))
+    limits = {k: next(((int(vals[k]), src) for src, vals in sources if vals.get(k) is not None), None)
+              for k in PROFILE_LIMITS}
+    limits = {k: v for k, v in limits.items() if v is not None}
+    preset.update({k: v for k, (v, _) in limits.items()})
+    preset["provenance"]["limits"] = {k: src for k, (_, src) in limits.items()}
     Path(args.out).write_text(json.dumps(json_safe(preset), indent=1) + "\n")
     report = preset["provenance"]["fit"]
     if args.json:
-        _print_json(report | {"out": args.out})
+        _print_json(report | {"out": args.out, "limits": {k: v for k, (v, _) in limits.items()}})
         return 0
     print(f"fitted {report['family']} on {report['n_train']} of {report['n_rows']} rows "
           f"({report['n_holdout']} held out)")
     print(f"train MAPE     {report['train_mape_pct']:.2f}%")
     held = report["holdout_mape_pct"]
     print(f"held-out MAPE  {held:.2f}%" if held is not None else "held-out MAPE  n/a (no rows held out: --holdout 0)")
+    if limits:
+        print("limits         " + ", ".join(f"{k}={v} ({src})" for k, (v, src) in limits.items()))
     print(f"wrote {args.out} (use it with --engine {args.out})")
     return 0
+
+
+PROFILE_LIMITS = ("block_size", "max_num_seqs", "max_num_batched_tokens")
+
+
+def profile_limits_path(records: str | Path) -> Path:
+    """The sidecar ``slogym profile run`` writes beside its records: ``X.csv`` -> ``X.engine.json``, the
+    profiled engine's KV pool and batch limits (read by ``slogym profile fit``)."""
+    return Path(records).with_suffix(".engine.json")
+
+
+def _read_profile_limits(records: str | Path) -> dict[str, Any] | None:
+    path = profile_limits_path(records)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        return {k: int(data[k]) for k in (*PROFILE_LIMITS, "kv_capacity_tokens")}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"{path}: not a profile sidecar with {PROFILE_LIMITS} and kv_capacity_tokens ({e})") \
+            from None
 
 
 def cmd_profile_run(args: argparse.Namespace) -> int:
@@ -426,12 +459,23 @@ def cmd_profile_run(args: argparse.Namespace) -> int:
     from slogym.engines.profiler import ProfileGrid, profile
 
     _check_out_dir(args.out)
+    # profiler.profile's visit rule, checked before the engine starts (it raises the same only after start-up)
+    if args.measure % 2 == 0 or args.warmup + args.measure > 7:
+        raise UsageError(f"--measure {args.measure} with --warmup {args.warmup}: --measure must be odd and "
+                         "--warmup + --measure <= 7 (a mixed visit takes two decode tokens per iteration; the grid "
+                         "reserves 16 KV tokens per decoding request)")
     reason = vllm_unavailable_reason()
     if reason is not None:
         raise UsageError(reason)
     model = Path(args.model)
     if args.make_tiny:
-        make_tiny_model(model)
+        try:
+            make_tiny_model(model)
+        except ValueError as e:  # an unreadable config.json or a model of another architecture there
+            raise UsageError(f"--make-tiny: {e}") from None
+        except (EngineError, OSError) as e:
+            print(f"{PROG}: --make-tiny: {e}", file=sys.stderr)
+            return 1
     elif not (model / "config.json").is_file():
         raise UsageError(f"--model {args.model!r}: no config.json there (pass --make-tiny to build a tiny "
                          "random-weight model in that directory)")
@@ -457,14 +501,21 @@ def cmd_profile_run(args: argparse.Namespace) -> int:
 
         df = aggregate(df)
     df.to_csv(args.out, index=False)
-    report = {"out": args.out, "rows": len(df), "points": len(grid), "kv_tokens": cfg.num_blocks * cfg.block_size,
+    kv_tokens = cfg.num_blocks * cfg.block_size
+    sidecar = profile_limits_path(args.out)  # the profiled engine, for 'profile fit' (PROFILE_LIMITS)
+    sidecar.write_text(json.dumps({"engine": "vllm", "vllm": engine.info.get("vllm"), "model": str(model),
+                                   "timing": cfg.timing, "kv_capacity_tokens": kv_tokens, "num_blocks": cfg.num_blocks,
+                                   "block_size": cfg.block_size, "max_num_seqs": cfg.max_num_seqs,
+                                   "max_num_batched_tokens": cfg.max_num_batched_tokens,
+                                   "max_model_len": cfg.max_model_len}, indent=1) + "\n")
+    report = {"out": args.out, "limits": str(sidecar), "rows": len(df), "points": len(grid), "kv_tokens": kv_tokens,
               "median_time_s": {k: float(v) for k, v in df.groupby("kind")["time_s"].median().items()}}
     if args.json:
         _print_json(report)
         return 0
-    print(f"measured {len(df)} iterations over {len(grid)} batch compositions; wrote {args.out}")
-    print(f"fit it: slogym profile fit {args.out} --family quadratic --kv-tokens {report['kv_tokens']} "
-          f"--out PRESET.json")
+    print(f"measured {len(df)} iterations over {len(grid)} batch compositions; wrote {args.out} and {sidecar} "
+          "(the engine's KV pool and batch limits)")
+    print(f"fit it: slogym profile fit {args.out} --family quadratic --out PRESET.json")
     return 0
 
 
@@ -558,6 +609,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="number of replicas; default 1 (or P + D with --pd)")
     s.add_argument("--pd", type=_pd_split, metavar="P:D",
                    help="prefill/decode disaggregation: P prefill and D decode instances (docs/cluster.md)")
+    s.add_argument("--kv-gbps", type=_bounded(float, 0.0, strict=True), default=100.0, metavar="G",
+                   help="KV-transfer link of P/D disaggregation, Gb/s per GPU; default 100 (NVLink ~3600)")
     s.add_argument("--seed", type=_bounded(int, 0), default=0, metavar="N", help="random seed; default 0")
     s.add_argument("--router", metavar="NAME", help="override the policy's router: round-robin, random, least-load")
     s.add_argument("--attainment", choices=ATTAINMENT_MODES, default="dslo",
@@ -597,7 +650,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--tp", type=_bounded(int, 1), metavar="N",
                    help="tensor-parallel degree (default: --base's, else 1)")
     f.add_argument("--kv-tokens", type=_bounded(int, 1), metavar="N",
-                   help="KV capacity in tokens (required without --base)")
+                   help="KV capacity in tokens (default: the profiled engine's from the records' .engine.json "
+                        "sidecar, else --base's; required without either)")
     f.add_argument("--kv-bytes-per-token", type=_bounded(int, 0), metavar="B",
                    help="KV bytes per token (default: --base's)")
     f.add_argument("--holdout", type=_bounded(float, 0.0), default=0.2, metavar="F",
@@ -605,6 +659,11 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--seed", type=_bounded(int, 0), default=0, metavar="N", help="seed of the holdout split; default 0")
     f.add_argument("--pieces", type=_bounded(int, 1), metavar="K", help="roofline: number of lines (default 2)")
     f.add_argument("--fixed", metavar="NAMES", help="analytic: comma-separated fit parameters kept at --base's")
+    for flag, what in (("--block-size", "tokens per KV block"), ("--max-num-seqs", "batch size limit"),
+                       ("--max-num-batched-tokens", "token budget per iteration")):
+        f.add_argument(flag, type=_bounded(int, 1), metavar="N",
+                       help=f"{what} of the preset (default: the profiled engine's, from the records' .engine.json "
+                            "sidecar that 'profile run' writes, else --base's, else the preset default)")
     f.add_argument("--json", action="store_true", help="print the fit report as one JSON object")
     f.set_defaults(func=cmd_profile_fit)
     lb = sub.add_parser("leaderboard", help="every policy on every scenario: serving capacity, metrics, plots",

@@ -359,3 +359,15 @@ def test_simulate_runs_a_shipped_agent(capsys):
     rc, out, err = run_cli(capsys, "simulate", "--policy", "agent:admission-coder", "--scenario", "coder",
                            "--requests", "40", "--json")
     assert rc == 0 and json.loads(out)["n_requests"] == 40
+
+
+def test_simulate_kv_gbps_sets_the_transfer_link(capsys: pytest.CaptureFixture[str]) -> None:
+    tpot = {}
+    for gbps in ("0.5", "3600"):
+        rc, out, _ = run_cli(capsys, "simulate", "--scenario", "chatbot", "--policy", "distserve", "--pd", "1:1",
+                             "--requests", "60", "--json", "--kv-gbps", gbps)
+        assert rc == 0
+        tpot[gbps] = json.loads(out)["tpot_p50"]
+    assert tpot["0.5"] > tpot["3600"]
+    rc, _, err = run_cli(capsys, "simulate", "--kv-gbps", "nan")
+    assert rc == 2 and "--kv-gbps" in err

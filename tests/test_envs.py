@@ -293,6 +293,23 @@ def test_routing_masks_decode_instances_on_a_pd_cluster():
     assert n > 0 and info["summary"]["kv_transfers"] > 0
 
 
+def test_kv_link_bandwidth_is_an_env_kwarg():
+    """``kv_gbps`` sets the P/D KV-transfer link: a slow link delays every second token (TPOT judged with it)."""
+    tpot = {}
+    for gbps in (0.5, 3600.0):
+        env = gym.make("slogym/Routing-v0", pd=(1, 1), policy="distserve", kv_gbps=gbps, **SMALL).unwrapped
+        env.reset(seed=0)
+        assert env.sim.transfer.bandwidth_gbps == gbps
+        done = False
+        while not done:
+            _, _, term, trunc, info = env.step(env.expert_action())
+            done = term or trunc
+        tpot[gbps] = info["summary"]["tpot_p50"]
+    assert tpot[0.5] > tpot[3600.0]
+    with pytest.raises(ValueError, match="kv_gbps"):
+        gym.make("slogym/Routing-v0", kv_gbps=0.0)
+
+
 def test_a_policy_that_resizes_the_cluster_stops_the_arrival_env_with_a_clear_error():
     """Routing-v0's spaces are sized for ``n_instances``: a policy whose scaler adds instances (HyperFlexis'
     threshold scaler) ends the episode with an error that says so, not observations and masks of another shape."""

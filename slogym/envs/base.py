@@ -27,6 +27,7 @@ from gymnasium import spaces
 
 from slogym.baselines import list_policies, make_policy
 from slogym.core.batch import BatchFeatures
+from slogym.core.cluster import KVTransfer
 from slogym.core.instance import Instance
 from slogym.core.metrics import MODES, run_summary, service_gain, verdict_arrays
 from slogym.core.request import StageKind, Workload
@@ -122,13 +123,15 @@ class ServingEnv(gym.Env):
                  engine: str = "llama3-8b-h100", n_instances: int = 1, policy: str = "sarathi",
                  reward: str = "goodput", episode: int | float = 256, split: str = "all", seed: int | None = None,
                  attainment: str = "dslo", pool_requests: int | None = None, render_mode: str | None = None,
-                 pd: tuple[int, int] | None = None) -> None:
+                 pd: tuple[int, int] | None = None, kv_gbps: float = 100.0) -> None:
         if scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(sorted(SCENARIOS))}")
         if not (isinstance(rate_scale, (int, float)) and rate_scale > 0 and np.isfinite(rate_scale)):
             raise ValueError(f"rate_scale={rate_scale!r}; must be a positive number")
         if not (_is_int(n_instances) and n_instances >= 1):
             raise ValueError(f"n_instances={n_instances!r}; must be an integer >= 1")
+        if isinstance(kv_gbps, bool) or not (isinstance(kv_gbps, (int, float)) and kv_gbps > 0):
+            raise ValueError(f"kv_gbps={kv_gbps!r}; must be a positive number (KV-transfer link, Gb/s)")
         if not (seed is None or _is_int(seed)):
             raise ValueError(f"seed={seed!r}; must be an integer or None")
         if not (pool_requests is None or _is_int(pool_requests) and pool_requests >= 1):
@@ -147,6 +150,7 @@ class ServingEnv(gym.Env):
         self.scenario, self.policy_name, self.reward_name = scenario, policy, reward
         self.n_instances, self.episode, self.split = n_instances, episode, split
         self.pd = None if pd is None else (int(pd[0]), int(pd[1]))
+        self.transfer = KVTransfer(bandwidth_gbps=float(kv_gbps))
         if self.pd is not None:
             self.n_instances = sum(self.pd)
         self.attainment, self.render_mode = attainment, render_mode
@@ -213,7 +217,7 @@ class ServingEnv(gym.Env):
         w = self._window()
         pol = make_policy(self.policy_name, self.engine)
         self.sim = Simulator(w, self.engine, pol, self.n_instances, seed=int(self.np_random.integers(2**31)),
-                             attainment=self.attainment, pd=self.pd)
+                             attainment=self.attainment, pd=self.pd, transfer=self.transfer)
         self.sim.completed = []
         self.sim.defer_timing = defer_timing
         self._configure(self.sim)
