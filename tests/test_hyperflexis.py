@@ -329,6 +329,27 @@ def test_scaler_adds_with_fast_cold_start_switches_roles_and_drains():
     assert sim2.instances[1].ready_at == pytest.approx(cold_start_seconds(model_params_b(ENGINE), "disk"))
 
 
+@pytest.mark.parametrize("max_instances", [4, 8])
+def test_scaler_counts_a_worker_draining_for_a_role_switch(max_instances):
+    """A prefill worker that holds requests drains before it switches to decode; until then it is alive (billed,
+    coming back) and on its way into the decode stage, so a decode +1 adds no worker (at the cap, or not)."""
+    w = make_workload("hyperflexis-2task", rate=100, n_requests=50, seed=0, engine=ENGINE)
+    sim = Simulator(w, ENGINE, POLICIES["hyperflexis-pd-scaling"](ENGINE, max_instances=max_instances), 4, seed=0)
+    sim.policy.reset(sim)
+    scaler = sim.policy.scaler
+    sim.instances[0].running.append(0)
+    sim.instances[1].running.append(1)          # both prefill workers hold a request
+    scaler.apply(sim, np.array([-1, 1]))         # a role switch: worker 1 drains, then becomes a decode worker
+    assert sim.instances[1].state == InstanceState.DRAINING and sim.instances[1].switch_to == Role.DECODE
+    scaler.apply(sim, np.array([0, 1]))
+    assert len(sim.instances) == 4, "a worker switching into the decode stage is a pending decode worker"
+    sim.instances[1].running.clear()
+    sim._retire(sim.instances[1], 0.0)
+    assert sim.instances[1].role == Role.DECODE and sim.instances[1].state == InstanceState.ACTIVE
+    scaler.apply(sim, np.array([0, 1]))
+    assert len(sim.instances) == (4 if max_instances == 4 else 5)
+
+
 @pytest.mark.parametrize("name", ["hyperflexis-scaling", "hyperflexis-pd-scaling"])
 def test_scaling_under_load_every_request_one_outcome(name):
     w = make_workload("hyperflexis-2task", rate=600, n_requests=1500, seed=4, engine=ENGINE)

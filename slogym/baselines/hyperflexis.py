@@ -833,9 +833,14 @@ class HyperFlexisScaler(Scaler):
         return [i for i in sim.instances if i.role == role and i.state == InstanceState.ACTIVE]
 
     def _add(self, sim: "Simulator", role: Role) -> None:
-        alive = [i for i in sim.instances if i.state in (InstanceState.STARTING, InstanceState.ACTIVE)]
-        if len(alive) >= self.max_instances or any(i.role == role and i.state == InstanceState.STARTING
-                                                  for i in alive):
+        """+1 worker of ``role`` unless ``max_instances`` are alive or one is already on its way into the stage.
+        A worker draining for a role switch (``switch_to``: it held requests, e.g. P/D hand-offs whose KV it keeps
+        until the decode side takes them) is alive -- it is billed and comes back -- and one switching into
+        ``role`` counts as starting there (else each tick of its drain added a new worker beyond the cap)."""
+        alive = [i for i in sim.instances
+                 if i.state in (InstanceState.STARTING, InstanceState.ACTIVE) or i.switch_to is not None]
+        if len(alive) >= self.max_instances or any(
+                (i.role == role and i.state == InstanceState.STARTING) or i.switch_to == role for i in alive):
             return
         source = any(i.state == InstanceState.ACTIVE for i in sim.instances)
         sim.add_instance(role=role, cold_start=self.cold_start if source else "disk")
