@@ -77,8 +77,25 @@ def make_env(cfg: dict[str, Any], split: str) -> gym.Env:
 
 
 # ---------------------------------------------------------------------------------------------- 4. imitation
+def idle_drop(raw: Any, obs: dict[str, np.ndarray], busy: int, idle: int, idle_rate: float) -> np.ndarray:
+    """Scaling-v0 expert computed from the observation alone (so an MLP can imitate it exactly): each pool
+    should hold ``busy`` instances while its arrival rate -- the larger of the last interval's and the 0.5
+    EWMA, in units of the pool's mean rate (``arrivals`` features) -- exceeds ``idle_rate``, else ``idle``
+    (a silence of the bursty trace); it moves toward that size by at most +2 / -1 per decision, within the
+    pool bounds. Ours, not from a paper: the cost-aware rule selected on training-split validation windows
+    (docs/agents.md)."""
+    lay = raw.layout
+    rate = np.max(obs["arrivals"][:, :2], axis=1)
+    rate = rate if lay.pooling == "tiers" else np.array([rate.max()])
+    n = lay.sizes(raw.sim)
+    target = np.where(rate > idle_rate, busy, idle)
+    d = np.clip(np.clip(target - n, -1, 2), lay.min - n, lay.max - n)
+    return np.clip(d, -raw.max_delta, raw.max_delta) + raw.max_delta
+
+
 def expert_rollouts(env: gym.Env, expert: str | None, steps: int, gamma: float, seed: int,
-                    min_budget: int | None = None, deadline_scores: bool = False) -> dict[str, np.ndarray]:
+                    min_budget: int | None = None, deadline_scores: bool = False,
+                    rule: dict[str, Any] | None = None, explore: float = 0.0) -> dict[str, np.ndarray]:
     """``steps`` transitions of the expert on training windows: observations, actions, masks and the
     discounted return from each step to its episode's end. Batching-v0 targets: with ``min_budget`` the
     budget level is raised to at least that many tokens (the expert's level is its batch's exact token count,
@@ -86,12 +103,19 @@ def expert_rollouts(env: gym.Env, expert: str | None, steps: int, gamma: float, 
     every candidate's target is EDF's own priority key instead of its rank in the batch:
     :func:`edf_priority` of its next deadline's slack (an observed feature); in score order within the budget
     this forms EDF's batch (same metrics as native EDF on the validation windows checked), while rank targets
-    depend on every other candidate and a per-candidate scorer fits them only approximately."""
+    depend on every other candidate and a per-candidate scorer fits them only approximately.
+    With ``rule`` (Scaling-v0) the targets are :func:`idle_drop` with those keyword arguments instead of an env
+    expert. With ``explore`` > 0 a step takes a uniformly random valid action with that probability (the target
+    is still the expert's), so the rollouts also visit the states the expert itself never reaches."""
     raw = env.unwrapped
+    rng = np.random.default_rng(seed)
     obs_l, act_l, mask_l, rew_l, done_l = [], [], [], [], []
     obs, _ = env.reset(seed=seed)
     while len(obs_l) < steps:
-        a = raw.expert_action(expert) if expert else raw.expert_action()
+        if rule:
+            a = idle_drop(raw, gym.spaces.unflatten(raw.observation_space, obs), **rule)
+        else:
+            a = raw.expert_action(expert) if expert else raw.expert_action()
         if min_budget:
             a[-1] = max(a[-1], level_of(min_budget))
         if deadline_scores:
@@ -101,7 +125,12 @@ def expert_rollouts(env: gym.Env, expert: str | None, steps: int, gamma: float, 
         obs_l.append(obs)
         act_l.append(a)
         mask_l.append(raw.action_masks() if hasattr(raw, "action_masks") else np.ones(1, bool))
-        obs, r, term, trunc, _ = env.step(a)
+        if explore and rng.random() < explore:  # a random valid action per pool (MultiDiscrete masks)
+            nvec, m = env.action_space.nvec, mask_l[-1]
+            parts = np.split(m, np.cumsum(nvec)[:-1])
+            obs, r, term, trunc, _ = env.step(np.array([rng.choice(np.flatnonzero(p)) for p in parts]))
+        else:
+            obs, r, term, trunc, _ = env.step(a)
         rew_l.append(r)
         done_l.append(term or trunc)
         if term or trunc:
@@ -209,8 +238,10 @@ def main() -> None:
     bc_log: dict[str, Any] = {"steps": int(bc.get("steps", 0))}
     if bc_log["steps"]:
         data = expert_rollouts(make_env(cfg, "train"), bc.get("expert"), bc_log["steps"], model.gamma, seed + 1,
-                               bc.get("min_budget"), bool(bc.get("deadline_scores")))
-        bc_log |= {"expert": bc.get("expert") or cfg["env_kwargs"]["policy"], "epochs": bc["epochs"],
+                               bc.get("min_budget"), bool(bc.get("deadline_scores")), bc.get("rule"),
+                               float(bc.get("explore", 0.0)))
+        bc_log |= {"expert": ("idle-drop" if bc.get("rule") else bc.get("expert")) or cfg["env_kwargs"]["policy"],
+                   "rule": bc.get("rule"), "explore": float(bc.get("explore", 0.0)), "epochs": bc["epochs"],
                    "min_budget": bc.get("min_budget"), "deadline_scores": bool(bc.get("deadline_scores")),
                    "last_weight": bc.get("last_weight", 1.0),
                    "lr_decay": bool(bc.get("lr_decay")),
@@ -218,6 +249,11 @@ def main() -> None:
                                              float(bc["learning_rate"]), seed, float(bc.get("last_weight", 1.0)),
                                              bool(bc.get("lr_decay")))}
         print(f"BC: {bc_log['steps']} expert steps, loss {bc_log['losses'][0]:.3f} -> {bc_log['losses'][-1]:.3f}")
+        if isinstance(model, MaskablePPO):  # share of the expert's (training) actions the argmax reproduces
+            pred, _ = model.predict(data["obs"], deterministic=True, action_masks=data["mask"])
+            n = len(pred)
+            bc_log["agreement"] = float((pred.reshape(n, -1) == data["act"].reshape(n, -1)).all(axis=1).mean())
+            print(f"BC agreement with the expert on its rollouts: {bc_log['agreement']:.3f}")
 
     # 5. PPO fine-tuning
     val_seeds = list(cfg["eval"]["val_seeds"])

@@ -165,3 +165,66 @@ def test_policy_matches_env_episode() -> None:
         obs, r, done, _, _ = env.step(act(obs))
         total += r
     assert run_window(policy, wins[0], env)["reward"] == pytest.approx(total)
+
+
+def _eval_module():
+    path = Path(__file__).parents[1] / "scripts" / "eval_agents.py"
+    spec = importlib.util.spec_from_file_location("eval_agents", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+SCALING = {"scenario": "coder", "rate_scale": 4.0, "n_instances": 2, "episode": 120.0, "pool_requests": 4000, "seed": 0,
+           "min_instances": 1, "max_instances": 4, "max_delta": 2, "lam": 0.3}
+
+
+def test_idle_drop_rule_targets_and_run() -> None:
+    """The scaling agent's BC expert: ``busy`` instances while the observed arrival rate exceeds ``idle_rate``
+    (moving by at most +2 / -1), ``idle`` in silences; served as a Policy its cost lies between static-1's and
+    static-2's on a window with a silence, and it meets at least static-1's SLOs."""
+    train = _train_module()
+    env = gym.make("slogym/Scaling-v0", split="train", **SCALING).unwrapped
+    obs, _ = env.reset(seed=0)
+    k = env.max_delta
+    quiet = obs | {"arrivals": np.zeros_like(obs["arrivals"])}
+    busy = obs | {"arrivals": np.full_like(obs["arrivals"], 0.5)}
+    assert train.idle_drop(env, quiet, 2, 1, 0.15).tolist() == [k - 1]  # 2 -> 1
+    assert train.idle_drop(env, busy, 2, 1, 0.15).tolist() == [k]  # stays at 2
+    assert train.idle_drop(env, busy, 4, 1, 0.15).tolist() == [k + 2]  # 2 -> 4 (at most +2)
+    assert train.idle_drop(env, busy, 6, 1, 0.15).tolist() == [k + 2]  # bounded by max_instances 4
+    test_env, wins = windows("slogym/Scaling-v0", SCALING | {"split": "test"}, [0, 1, 2, 3])
+    rule = [test_env.run_scaler(agents.env_policy("idle-drop", test_env, lambda o: train.idle_drop(
+        test_env, o, 2, 1, 0.15)), w) for w in wins]
+    static = [[test_env.run_scaler(test_env.baseline_policy("static", n), w, n) for n in (1, 2)] for w in wins]
+    for r, (s1, s2) in zip(rule, static):
+        assert s1["instance_seconds"] <= r["instance_seconds"] <= s2["instance_seconds"] + 10.0
+        assert r["gain"] >= s1["gain"]
+    assert any(r["instance_seconds"] < s2["instance_seconds"] - 10.0 for r, (_, s2) in zip(rule, static))
+
+
+def test_equal_cost_frontier_and_intervals() -> None:
+    """eval_agents' static frontier at equal cost (linear between the static pools, clamped outside) and the
+    paired-difference summary (mean, t-interval, bootstrap interval, W-L-T)."""
+    ev = _eval_module()
+    static = [{"instance_seconds": c, "gain": g} for c, g in ((300.0, 16.0), (100.0, 10.0), (200.0, 15.0))]
+    assert ev.frontier_at(150.0, static) == pytest.approx(12.5)
+    assert ev.frontier_at(50.0, static) == 10.0 and ev.frontier_at(400.0, static) == 16.0
+    c = ev.mean_ci(np.array([1.0, 2.0, 3.0, 4.0, 0.0, -1.0]))
+    assert c["mean"] == pytest.approx(1.5)
+    half = 2.5706 * np.std([1, 2, 3, 4, 0, -1], ddof=1) / np.sqrt(6)
+    assert c["t_lo"] == pytest.approx(1.5 - half, abs=1e-3) and c["t_hi"] == pytest.approx(1.5 + half, abs=1e-3)
+    assert -1.0 <= c["boot_lo"] < 1.5 < c["boot_hi"] <= 4.0
+    assert (c["wins"], c["losses"], c["ties"]) == (4, 1, 1)
+
+
+def test_shipped_scaling_agent_drops_to_one_instance_in_a_quiet_window() -> None:
+    """scaling-coder (the idle-drop rule learned): on a held-out window that is mostly silence (test seed 3,
+    15 requests in 300 s) it costs about static-1, far less than static-2 where it starts, and meets as many
+    SLOs as static-1."""
+    meta = agents.read_metadata("scaling-coder")
+    env, wins = windows(meta["env_id"], meta["env_kwargs"] | {"split": "test"}, [3])
+    agent = env.run_scaler(agents.load("scaling-coder"), wins[0])
+    s1, s2 = (env.run_scaler(env.baseline_policy("static", n), wins[0], n) for n in (1, 2))
+    assert agent["instance_seconds"] < 0.6 * s2["instance_seconds"]
+    assert agent["gain"] >= s1["gain"]
