@@ -344,3 +344,97 @@ def test_rt_priority_runs_the_engine_thread_under_sched_fifo(tmp_path_factory: p
         reply = eng.step([(3, 32, 0, 32)], add=[(3, 32, 1)])
         assert 0 < reply["cpu_s"] <= reply["process_cpu_s"] + 1e-6
         assert eng.abort([]) == cfg.num_blocks
+
+
+# ---------------------------------------------------------------------------------- refusals, CLI, tiny-model reuse
+class _StubEngine:
+    """Stands in for a VLLMEngine where the LiveSimulator refuses before any engine is used."""
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        self.config = cfg
+        self.closed = False
+
+
+def _live_setup() -> tuple[Any, EngineConfig, Any]:
+    from slogym.core.request import Request, Workload, decode, prefill
+    from slogym.engines.live import live_spec
+
+    cfg = EngineConfig(model="unused", num_blocks=48, max_num_seqs=16, max_num_batched_tokens=512, max_model_len=512)
+    w = Workload.from_requests([Request(0.01 * i, [prefill(40), decode(5)]) for i in range(4)])
+    return w, cfg, live_spec(cfg)
+
+
+def test_live_simulator_refuses_pd_scaling_and_multi_engine_real_clock_up_front() -> None:
+    from slogym.baselines import make_policy
+    from slogym.core.instance import Role
+    from slogym.engines.live import LiveSimulator, UnsupportedOnLiveEngine
+
+    w, cfg, spec = _live_setup()
+    two = [_StubEngine(cfg), _StubEngine(cfg)]
+    with pytest.raises(UnsupportedOnLiveEngine, match=r"pd=\(1, 1\): P/D disaggregation"):
+        LiveSimulator(w, two, make_policy("rr-pd", engine=spec), pd=(1, 1))
+    with pytest.raises(UnsupportedOnLiveEngine, match="has a scaler"):
+        LiveSimulator(w, two[:1], make_policy("hyperflexis-scaling", engine=spec))
+    with pytest.raises(UnsupportedOnLiveEngine, match="clock='real' with 2 engines"):
+        LiveSimulator(w, two, make_policy("round-robin", engine=spec), clock="real")
+    sim = LiveSimulator(w, two, make_policy("round-robin", engine=spec))  # afap with two engines is fine
+    with pytest.raises(UnsupportedOnLiveEngine, match=r"add_instance \(scale-out\)"):
+        sim.add_instance()
+    with pytest.raises(UnsupportedOnLiveEngine, match=r"switch_role\(1, PREFILL\)"):
+        sim.switch_role(1, Role.PREFILL)
+    assert len(sim.instances) == 2 and all(i.role == Role.COLOCATED for i in sim.instances)
+
+
+def test_make_tiny_model_refuses_a_model_of_another_architecture(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 256, "num_hidden_layers": 4,
+                                                      "num_attention_heads": 8, "vocab_size": 512,
+                                                      "max_position_embeddings": 4096}))
+    with pytest.raises(ValueError, match="another architecture.*hidden_size 256 vs 128"):
+        make_tiny_model(tmp_path)
+    assert make_tiny_model(tmp_path, hidden=256, layers=4, heads=8) == tmp_path  # the same one is reused
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="cannot be read"):
+        make_tiny_model(tmp_path, hidden=256, layers=4, heads=8)
+
+
+def test_profile_run_rejects_bad_measure_before_starting_an_engine(tmp_path: Path, capsys: Any,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import slogym.engines.live as live
+    from slogym.cli import main
+
+    monkeypatch.setattr(live, "VLLMEngine", lambda *a, **k: pytest.fail("engine started"))
+    for extra in (["--measure", "2"], ["--measure", "5", "--warmup", "3"]):
+        rc = main(["profile", "run", "--model", str(tmp_path), "--out", str(tmp_path / "x.csv"), *extra])
+        assert rc == 2 and "--measure" in capsys.readouterr().err
+
+
+def test_profile_fit_applies_the_profiled_engines_limits(tmp_path: Path, capsys: Any) -> None:
+    import numpy as np
+    import pandas as pd
+
+    from slogym.cli import main, profile_limits_path
+    from slogym.core.batch import BatchFeatures
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for _ in range(40):
+        p, d = int(rng.integers(0, 512)), int(rng.integers(0, 16))
+        f = dict.fromkeys(BatchFeatures._fields, 0) | {"prefill_tokens": p, "prefill_seqs": int(p > 0),
+                                                       "decode_seqs": d, "decode_tokens": d,
+                                                       "decode_ctx": 100 * d}
+        rows.append(f | {"time_s": 2e-3 + 1e-5 * p + 5e-5 * d})
+    csv = tmp_path / "prof.csv"
+    pd.DataFrame(rows).to_csv(csv, index=False)
+    out = tmp_path / "fit.json"
+    args = ["profile", "fit", str(csv), "--family", "quadratic", "--holdout", "0", "--out", str(out)]
+    assert main(args) == 2  # no KV capacity: neither --kv-tokens, --base nor a sidecar
+    capsys.readouterr()
+    profile_limits_path(csv).write_text(json.dumps({"kv_capacity_tokens": 1536, "block_size": 64,
+                                                    "max_num_seqs": 8, "max_num_batched_tokens": 256}))
+    assert main(args + ["--max-num-seqs", "4"]) == 0
+    capsys.readouterr()
+    preset = json.loads(out.read_text())
+    assert (preset["kv_capacity_tokens"], preset["block_size"], preset["max_num_seqs"],
+            preset["max_num_batched_tokens"]) == (1536, 64, 4, 256)
+    assert preset["provenance"]["limits"] == {"block_size": "profile", "max_num_seqs": "flag",
+                                              "max_num_batched_tokens": "profile"}

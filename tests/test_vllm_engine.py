@@ -8,8 +8,10 @@ leave it empty, one fresh engine per fault test (a fault leaves its engine dead 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -211,12 +213,126 @@ def test_killed_engine_raises_engine_error_and_fails_requests(model_dir: str) ->
         with pytest.raises(EngineError, match="died|gone") as info:
             sim.run()
         assert eng.closed
+    msg = str(info.value)
+    if "died" in msg:  # the reply pipe closed: the process was reaped before the message was written
+        assert "killed by signal 9" in msg
+    log = re.search(r"engine log \((\S+)\)", msg)
+    if log is not None:  # the log the message names outlives close()
+        assert Path(log.group(1)).exists()
+        Path(log.group(1)).unlink()
     rec = info.value.result.records
     assert set(rec["outcome"]) <= {"finished", "failed"}
     assert (rec["outcome"] == "failed").sum() >= 1
     assert len(rec) == len(w)
     # KV released for every failed request: the simulator's pool is whole again
     assert all(i.free_blocks == i.total_blocks for i in sim.instances)
+
+
+class RaiseAfter(Scheduler):
+    """Wraps a scheduler and raises ``exc`` at its ``n``-th decision (a policy bug, a scaler's error, Ctrl-C)."""
+
+    def __init__(self, inner: Scheduler, exc: BaseException, n: int) -> None:
+        self.inner, self.exc, self.n = inner, exc, n
+
+    def reset(self, sim: Any) -> None:
+        self.inner.reset(sim)
+        self.calls = 0
+
+    def next_batch(self, inst: Any, now: float) -> Batch | None:
+        self.calls += 1
+        if self.calls == self.n:
+            raise self.exc
+        return self.inner.next_batch(inst, now)
+
+
+@pytest.mark.parametrize("exc", [ValueError("policy bug"), KeyboardInterrupt()], ids=["ValueError", "Ctrl-C"])
+def test_any_exception_mid_run_fails_requests_and_frees_the_engine(engine: VLLMEngine, exc: BaseException) -> None:
+    w = chat_workload(12, seed=8, gap=0.0, max_out=20)
+    spec = live_spec(engine.config)
+    sim = LiveSimulator(w, engine, Policy("raise", RaiseAfter(make_policy("sarathi", engine=spec).scheduler, exc, 5)))
+    with pytest.raises(type(exc)) as info:
+        sim.run()
+    rec = info.value.result.records
+    assert len(rec) == len(w) and (rec["outcome"] == "failed").sum() >= 1
+    assert set(rec["outcome"]) <= {"finished", "failed"} and sim.error is not None
+    assert all(i.free_blocks == i.total_blocks for i in sim.instances)
+    # nothing of the run is left in the engine, which serves the next run
+    assert not engine.closed and engine.abort([]) == engine.config.num_blocks
+    run_live(engine, chat_workload(4, seed=9, max_out=4), make_policy("sarathi", engine=spec))
+
+
+def test_batch_over_the_engine_limit_is_refused_and_cleaned_up(engine: VLLMEngine,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # vLLM's policy admits a prompt longer than the token budget alone (a stated deviation); the live engine
+    # cannot run it. The shared engine's budget equals its max_model_len, so the run sees a smaller budget.
+    cfg = engine.config
+    monkeypatch.setattr(cfg, "max_num_batched_tokens", 512)
+    w = Workload.from_requests([Request(0.0, [prefill(100), decode(20)]), Request(0.001, [prefill(700), decode(10)]),
+                                Request(0.002, [prefill(100), decode(20)])])
+    with pytest.raises(UnsupportedOnLiveEngine, match="max_num_batched_tokens=512") as info:
+        LiveSimulator(w, engine, make_policy("vllm", engine=live_spec(cfg))).run()
+    assert (info.value.result.records["outcome"] == "failed").sum() >= 2
+    assert engine.abort([]) == cfg.num_blocks  # the first request's KV was released in the engine too
+
+
+def test_interrupt_while_waiting_for_a_reply_closes_the_engine(model_dir: str) -> None:
+    def interrupt(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        with VLLMEngine(config(model_dir)) as eng:
+            signal.setitimer(signal.ITIMER_REAL, 0.5)
+            with pytest.raises(KeyboardInterrupt):
+                eng.step([(0, 8, 0, 8)], add=[(0, 8, 2)], hang=3.0)
+            # the reply is still on its way: reading it as the next call's answer would be wrong
+            assert eng.closed and eng.proc.poll() is not None
+            with pytest.raises(EngineError, match="closed"):
+                eng.abort([])
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_surviving_engines_release_the_failed_requests(model_dir: str) -> None:
+    w = chat_workload(30, seed=10, gap=0.003, max_out=60)
+    with VLLMEngine(config(model_dir, step_timeout=30.0)) as e0, VLLMEngine(config(model_dir, step_timeout=30.0)) as e1:
+        spec = live_spec(e0.config)
+        base = make_policy("sarathi", engine=spec)
+        pol = Policy("kill1", KillAfter(base.scheduler, e1.pid, 40), router=base.router)
+        with pytest.raises(EngineError) as info:
+            LiveSimulator(w, [e0, e1], pol).run()
+        rec = info.value.result.records
+        assert e1.closed and not e0.closed
+        assert (rec.loc[rec["instance"] == 0, "outcome"] == "failed").any()  # engine 0 held some of them
+        assert e0.abort([]) == e0.config.num_blocks
+
+
+class SlowReset(Scheduler):
+    """Wraps a scheduler; its reset takes a while (set-up, JIT compilation) and records who it was reset for."""
+
+    def __init__(self, inner: Scheduler) -> None:
+        self.inner = inner
+        self.resets: list[tuple[bool, float]] = []
+
+    def reset(self, sim: Any) -> None:
+        time.sleep(0.3)
+        self.inner.reset(sim)
+        self.resets.append((sim.live, time.perf_counter()))
+
+    def next_batch(self, inst: Any, now: float) -> Batch | None:
+        return self.inner.next_batch(inst, now)
+
+
+def test_real_clock_starts_after_reset_and_a_simulated_warm_up(engine: VLLMEngine) -> None:
+    w = chat_workload(3, seed=11, gap=0.05, max_out=4)
+    sched = SlowReset(make_policy("sarathi", engine=live_spec(engine.config)).scheduler)
+    steps = engine.iterations
+    sim = run_live(engine, w, Policy("slow", sched), clock="real")
+    # first a simulated warm-up run (no engine steps), then the live run, whose clock starts after its reset
+    assert [live for live, _ in sched.resets] == [False, True]
+    assert sim._t0 >= sched.resets[-1][1] and sim.warmup_seconds > 0
+    assert engine.iterations - steps == len(sim.iteration_records())
 
 
 def test_hung_step_times_out(model_dir: str) -> None:

@@ -66,19 +66,44 @@ def vllm_unavailable_reason() -> str | None:
             f"{REPO_VENV}); build it with 'make vllm-venv' or 'pip install slogym[vllm]'")
 
 
+# make_tiny_model's architecture arguments -> the config.json keys they set (worker.make_tiny_model's defaults)
+TINY_ARCH = {"hidden": ("hidden_size", 128), "layers": ("num_hidden_layers", 2), "heads": ("num_attention_heads", 4),
+             "vocab": ("vocab_size", 512), "max_len": ("max_position_embeddings", 4096)}
+
+
 def make_tiny_model(out_dir: str | Path, python: str | None = None, timeout: float = 300.0, **arch: int) -> Path:
     """Write a tiny random-weight Llama model to ``out_dir`` (no download); ``arch``: hidden, layers, heads,
-    vocab, max_len, seed. Reuses an existing model directory."""
+    vocab, max_len, seed. Reuses an existing model directory when its ``config.json`` has this architecture and
+    raises ``ValueError`` (naming the differences) when it has another; an unreadable ``config.json`` is an error
+    too. Failures to build raise :class:`EngineError` with the builder's last error line."""
     out = Path(out_dir)
+    unknown = set(arch) - set(TINY_ARCH) - {"seed"}
+    if unknown:
+        raise ValueError(f"make_tiny_model: unknown architecture arguments {sorted(unknown)}; expected "
+                         f"{sorted(TINY_ARCH) + ['seed']}")
     if (out / "config.json").exists():
+        try:
+            have = json.loads((out / "config.json").read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{out}/config.json exists but cannot be read as a model config ({e})") from None
+        diff = {key: (have.get(key), int(arch.get(name, default))) for name, (key, default) in TINY_ARCH.items()
+                if have.get(key) != int(arch.get(name, default))}
+        if diff:
+            raise ValueError(f"{out} holds a model of another architecture (config.json vs asked: "
+                             + ", ".join(f"{k} {a!r} vs {b}" for k, (a, b) in diff.items())
+                             + "); remove it or choose another directory")
         return out
     py = python or find_vllm_python()
     if py is None:
         raise EngineError(vllm_unavailable_reason() or "no vLLM Python")
     cmd = [py, str(WORKER), "tiny-model", str(out)] + [f"{k}={int(v)}" for k, v in arch.items()]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise EngineError(f"building the tiny model in {out} timed out after {timeout:g} s") from None
     if res.returncode != 0:
-        raise EngineError(f"building the tiny model failed: {res.stderr.strip()[-2000:]}")
+        last = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
+        raise EngineError(f"building the tiny model in {out} failed: {last[-1].strip() if last else 'no output'}")
     return out
 
 
@@ -194,6 +219,7 @@ class VLLMEngine:
         self.proc = subprocess.Popen([py, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._log, env=env, cwd=tempfile.gettempdir())
         self.closed = False
+        self.failed = False  # closed by an EngineError: the log is kept (the error names it)
         self.iterations = 0
         cfg = {k: getattr(config, k) for k in ("model", "block_size", "num_blocks", "max_num_seqs",
                                                "max_num_batched_tokens", "max_model_len", "dtype", "seed",
@@ -212,18 +238,24 @@ class VLLMEngine:
     # ---------------------------------------------------------------- protocol
     def _call(self, msg: dict[str, Any], timeout: float, what: str) -> dict[str, Any]:
         if self.closed:
-            raise EngineError(f"engine {what}: the engine is closed (it failed or was shut down)")
+            raise EngineError(f"engine {what}: the engine is closed (it failed, was interrupted while a call was "
+                              "out, or was shut down)")
         try:
             _worker.write_msg(self.proc.stdin, msg)
             reply = self._read(time.monotonic() + timeout, timeout, what)
         except EngineError:
-            self.close(force=True)
+            self._fail()
             raise
         except (OSError, ValueError) as e:  # broken pipe: the process is gone
-            self.close(force=True)
+            self._fail()
             raise EngineError(f"engine {what}: the engine process is gone ({e}){self._log_tail()}") from None
+        except BaseException:
+            # anything else while the request is out (KeyboardInterrupt, a signal handler's exception): the reply
+            # may still arrive and would be read as the answer to the next call, so the engine cannot be reused
+            self._fail(keep_log=False)
+            raise
         if not reply.get("ok"):
-            self.close(force=True)
+            self._fail()
             raise EngineError(f"engine {what} failed: {reply.get('error', '?').strip()}")
         return reply
 
@@ -243,9 +275,13 @@ class VLLMEngine:
                     continue
                 chunk = os.read(fd, max(need - len(buf), 65536))
                 if not chunk:
-                    code = self.proc.poll()
-                    raise EngineError(f"engine {what}: the engine process {self.proc.pid} died (exit code "
-                                      f"{code}){self._log_tail()}")
+                    try:  # the pipe closes a moment before the process can be reaped
+                        code = self.proc.wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        code = None
+                    how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                    raise EngineError(f"engine {what}: the engine process {self.proc.pid} died ({how})"
+                                      f"{self._log_tail()}")
                 buf += chunk
             if header_done:
                 return pickle.loads(buf[_worker._HEADER.size:need])
@@ -291,8 +327,15 @@ class VLLMEngine:
         reply = self._call({"cmd": "abort", "abort": list(requests)}, self.config.step_timeout, "abort")
         return int(reply["free_blocks"])
 
+    def _fail(self, keep_log: bool = True) -> None:
+        """Close after a failure: kill the process, keep its log (the error names it) unless ``keep_log`` is
+        false."""
+        self.failed = keep_log
+        self.close(force=True)
+
     def close(self, force: bool = False) -> None:
-        """Stop the engine process (politely unless ``force``, then by kill); idempotent."""
+        """Stop the engine process (politely unless ``force``, then by kill); idempotent. The log file is removed
+        unless the engine failed (:class:`EngineError` messages name it)."""
         if self.closed:
             return
         self.closed = True
@@ -311,7 +354,8 @@ class VLLMEngine:
             except OSError:
                 pass
         self._log.close()
-        Path(self._log.name).unlink(missing_ok=True)
+        if not self.failed:
+            Path(self._log.name).unlink(missing_ok=True)
 
     def __enter__(self) -> "VLLMEngine":
         return self

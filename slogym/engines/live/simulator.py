@@ -10,14 +10,17 @@ planned request equal the simulator's, so the two ledgers cannot drift silently.
 
 Clocks: ``afap`` (as fast as possible) keeps arrivals virtual and advances the clock by measured iteration
 times only (wall, CPU or normalized CPU time of the engine step, per ``EngineConfig.timing``); ``real`` sleeps
-until each iteration's start time has come on the wall clock (arrival offsets from the start of the run), and an
-iteration's duration is wall time from its scheduled start to the end of the engine step, so policy and IPC
-overhead and any lateness count as they would in a real server.
+until each iteration's start time has come on the wall clock (arrival offsets from the start of serving: after a
+simulated warm-up that compiles the kernels and after the policy's reset), and an iteration's duration is wall
+time from its scheduled start to the end of the engine step, so policy and IPC overhead and any lateness count as
+they would in a real server. ``real`` takes one engine: engines are stepped one after another, so a real-time
+clock would charge each the others' steps.
 
 What the live backend cannot express (raises :class:`UnsupportedOnLiveEngine` naming the value): speculative
 decoding (``Batch.spec``), tool calls and later prefill stages (``external`` stages: vLLM cannot append prompt
-tokens to a live request), contexts beyond the engine's ``max_model_len``, and batches over its
-``max_num_seqs`` / ``max_num_batched_tokens``.
+tokens to a live request), contexts beyond the engine's ``max_model_len``, batches over its ``max_num_seqs`` /
+``max_num_batched_tokens``, P/D disaggregation (``pd=``, ``switch_role`` to a P/D role) and scaling (a policy with
+a scaler, ``add_instance``): one colocated engine per instance, given at construction.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import pandas as pd
 
 from slogym.core.batch import BatchFeatures
 from slogym.core.errors import EngineError, SchedulerError
-from slogym.core.instance import Instance
+from slogym.core.instance import Instance, Role
 from slogym.core.policy import Policy
 from slogym.core.request import StageKind, Workload
 from slogym.core.simulator import Simulator
@@ -41,6 +44,7 @@ from slogym.engines.live.client import EngineConfig, VLLMEngine, batch_kind
 from slogym.engines.perf_models import QuadraticPerf
 
 CLOCKS = ("afap", "real")
+WARMUP_REQUESTS = 16  # requests a real-clock run first replays in simulation to compile kernels (_warm_up)
 
 # HyperFlexis Eq. 1-2 (quadratic family) fitted to the default tiny model on the 2-core CPU machine: the profile
 # of `scripts/fidelity.py --timing cpu` (App. A grid within 32 sequences / 1024 tokens, 3 passes, per-composition
@@ -75,8 +79,10 @@ class LiveSimulator(Simulator):
     clock     ``afap`` or ``real`` (module doc)
 
     After a run, :meth:`iteration_records` lists every executed batch's features and measured time (the
-    profile-record columns). An :class:`EngineError` during the run marks every unfinished request ``failed``,
-    is re-raised, and carries the partial :class:`~slogym.core.metrics.RunResult` as ``error.result``.
+    profile-record columns). Any exception during the run (an :class:`EngineError`, an unsupported batch, a
+    policy's error, ``KeyboardInterrupt``) aborts what every engine still open holds, marks every unfinished
+    request ``failed``, is re-raised, and carries the partial :class:`~slogym.core.metrics.RunResult` as
+    ``error.result``.
     """
 
     live = True
@@ -88,9 +94,27 @@ class LiveSimulator(Simulator):
         self.live_engines = [engines] if isinstance(engines, VLLMEngine) else list(engines)
         if not self.live_engines:
             raise ValueError("LiveSimulator needs at least one VLLMEngine")
+        if kwargs.get("pd") is not None:
+            raise UnsupportedOnLiveEngine(f"pd={kwargs['pd']!r}: P/D disaggregation is not supported by the live "
+                                          "vLLM backend (no KV transfer between engines); every instance is "
+                                          "colocated")
+        if policy.scaler is not None:
+            raise UnsupportedOnLiveEngine(f"policy {policy.name!r} has a scaler ({type(policy.scaler).__name__}): "
+                                          "scaling is not supported by the live vLLM backend, which runs one "
+                                          "engine per instance, given at construction (no add_instance, no P/D "
+                                          "roles)")
+        if clock == "real" and len(self.live_engines) > 1:
+            # iteration_time blocks on one engine's reply, so engines would step one after another and each
+            # iteration's wall-clock duration would include the other engines' steps
+            raise UnsupportedOnLiveEngine(f"clock='real' with {len(self.live_engines)} engines: the live backend "
+                                          "steps engines one at a time, so a real-time clock would charge each "
+                                          "engine the others' steps; use clock='afap' (measured step times) or "
+                                          "one engine")
         self.clock = clock
         specs = [live_spec(e.config, perf) for e in self.live_engines]
         _check_expressible(workload, self.live_engines[0].config)
+        self._sim_kwargs = {k: v for k, v in kwargs.items() if k not in ("fast_forward", "pilot", "progress")}
+        self.warmup_seconds = 0.0
         super().__init__(workload, specs, policy, n_instances=len(specs), **kwargs)
 
     # ---------------------------------------------------------------- run
@@ -107,9 +131,8 @@ class LiveSimulator(Simulator):
         self._t0 = time.perf_counter()
         try:
             super().run()
-        except EngineError as e:
-            self._fail_unfinished(str(e))
-            e.result = self.result()  # type: ignore[attr-defined]
+        except BaseException as e:
+            self._abandon(e)
             raise
         for i in range(len(self.live_engines)):
             self._check_ledgers(i)
@@ -118,12 +141,62 @@ class LiveSimulator(Simulator):
     def decisions(self) -> Any:
         if not hasattr(self, "_t0"):
             self._t0 = time.perf_counter()
-        return super().decisions()
+        if self.clock == "real":
+            self._warm_up()
+        try:
+            yield from super().decisions()
+        except BaseException as e:  # an agent-driven run (GeneratorExit: the driver abandoned it)
+            self._abandon(e)
+            raise
+
+    def _warm_up(self, n: int = WARMUP_REQUESTS) -> None:
+        """Before a real-clock run: replay the first ``n`` requests under the policy in simulation only (the
+        perf model of :func:`live_spec` times the iterations; nothing reaches the engines), so that first-use
+        Numba compilation of the simulator's and the policy's kernels happens before the clock starts. Measured
+        with a cold ``NUMBA_CACHE_DIR`` (``/tmp/rev_live/h7.py``, sarathi): without it the first three TTFTs were
+        1.6-6.1 s and attainment 0.0. The time is kept in ``warmup_seconds``; a warm-up that fails is skipped
+        (the live run then meets the same error itself)."""
+        t0 = time.perf_counter()
+        try:
+            Simulator(self.w.subset(np.arange(min(n, len(self.w)))), list(self.engines), self.policy,
+                      n_instances=len(self.engines), fast_forward=False, pilot=False, **self._sim_kwargs).run()
+        except Exception:  # noqa: BLE001 -- see the docstring
+            pass
+        self.warmup_seconds = time.perf_counter() - t0
+
+    def _loop(self) -> Any:
+        # the real clock starts when serving starts: after the policy's reset (set-up, JIT compilation) and the
+        # simulator's own set-up, so those never count as lateness of the first requests
+        self._t0 = time.perf_counter()
+        yield from super()._loop()
+
+    def _abandon(self, e: BaseException) -> None:
+        """The run ends with ``e`` (any exception, Ctrl-C included): what the engines hold is aborted, every
+        unfinished request is ``failed``, and ``e.result`` is the partial :class:`~slogym.core.metrics.RunResult`
+        (first handler only: ``run`` and ``decisions`` both call this)."""
+        if self.error is not None:
+            return
+        try:
+            self._fail_unfinished(f"{type(e).__name__}: {e}")
+            e.result = self.result()  # type: ignore[attr-defined]
+        except Exception as err:  # noqa: BLE001 -- the original exception is what the caller must see
+            e.add_note(f"LiveSimulator: cleaning up after it failed too: {err!r}")
 
     def _fail_unfinished(self, reason: str) -> None:
-        """Every request without an outcome gets ``failed`` (its KV released); the run ends now."""
-        rs = self.rs
+        """Abort everything every engine still open holds (the survivors of a failed engine included), then give
+        every request without an outcome ``failed`` (its KV released); the run ends now."""
         self.error = reason
+        for i, eng in enumerate(self.live_engines):
+            held = sorted(self._known[i])
+            self._known[i].clear()
+            self._freed[i].clear()
+            self._engine_done[i].clear()
+            if held and not eng.closed:
+                try:
+                    eng.abort(held)
+                except EngineError:  # this engine is gone too; it closed itself
+                    pass
+        rs = self.rs
         for r in np.flatnonzero(rs.status != Status.DONE).tolist():
             if rs.status[r] == Status.QUEUED:
                 self.global_queue.remove(r)
@@ -135,7 +208,18 @@ class LiveSimulator(Simulator):
         for inst in self.instances:
             inst.busy, inst.inflight = False, None
         self._finalize()
-        self.wall_seconds = time.perf_counter() - self._t0
+        self.wall_seconds = time.perf_counter() - getattr(self, "_wall0", self._t0)
+
+    # ---------------------------------------------------------------- cluster API (one engine per instance)
+    def add_instance(self, *args: Any, **kwargs: Any) -> int:
+        raise UnsupportedOnLiveEngine("add_instance (scale-out) is not supported by the live vLLM backend: it runs "
+                                      f"one engine per instance, the {len(self.live_engines)} given at construction")
+
+    def switch_role(self, i: int, role: Role) -> None:
+        if Role(role) != Role.COLOCATED:
+            raise UnsupportedOnLiveEngine(f"switch_role({i}, {Role(role).name}): P/D roles are not supported by "
+                                          "the live vLLM backend (no KV transfer between engines)")
+        super().switch_role(i, role)
 
     # ---------------------------------------------------------------- hooks
     def on_kv_freed(self, r: int, inst: Instance) -> None:
