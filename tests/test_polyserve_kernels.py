@@ -156,19 +156,27 @@ def test_one_pass_routing_equals_the_rule_over_admission_verdicts() -> None:
                 r = next(nxt)
                 fleet.place(j, r, int(sim.rs.num_tokens[r]), int(rng.integers(0, 2)) * int(sim.rs.num_tokens[r]))
         fleet.busy_until[:] = rng.uniform(0.0, 0.3, fleet.label.size)
-        for req in range(40):
+
+        def place(req: int, now: float, memo: tuple[np.ndarray, np.ndarray]) -> tuple[int, bool]:
             t = int(fleet.rtier[req])
             ctx, prompt, r0, deadline, xfer = router._request(req, False)
             got = pk.place(t, fleet.n_tiers, fleet.label, fleet.host_rank[t], fleet.idle_label, fleet.res_tight,
                            False, fleet.engine_of, xfer, fleet.grid, fleet.curves, fleet.row_tpot, fleet.rem,
                            fleet.csum, fleet.pb, fleet.sa, fleet.n_res, fleet.q_slo, fleet.kv_now,
                            fleet.busy_until, fleet.cap, fleet.max_seqs, fleet.table.tokens, fleet.table.kv,
-                           fleet.table.times, fleet.ptable.tokens, fleet.ptable.kv, fleet.ptable.times, ctx, prompt,
-                           r0, 0.0, deadline)
-            ref = _python_rule(router, req, 0.0)
-            assert (int(got[0]), bool(got[1]) if got[0] >= 0 else False) == ref
-            checked += ref[0] >= 0
-    assert checked > 100  # most requests found an instance: the comparison covered real choices
+                           fleet.table.times, fleet.ptable.tokens, fleet.ptable.kv, fleet.ptable.times, *memo, ctx,
+                           prompt, r0, now, deadline)
+            return int(got[0]), bool(got[1]) if got[0] >= 0 else False
+
+        memo = (fleet.admit_key, fleet.admit_val)  # shared by every call below, as in a run
+        for now in (0.0, 0.1, 0.0):  # the same requests again: the memo answers, at other times too
+            for req in range(40):
+                ref = _python_rule(router, req, now)
+                assert place(req, now, memo) == ref
+                checked += ref[0] >= 0
+            # a row that changes (one more resident) is evaluated afresh
+            fleet.place(int(rng.integers(fleet.label.size)), 599 - trial, 50, 50)
+    assert checked > 300  # most requests found an instance: the comparison covered real choices
 
 
 # ---------------------------------------------------------------------------------------------- fast-forward

@@ -127,8 +127,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from slogym.baselines import polyserve_kernels as pk
-from slogym.baselines.common import (batch_of, fill_prefill_chunks, make_room_for_decodes, split_running,
-                                     unstick)
+from slogym.baselines.common import (batch_of, decode_batch, fill_prefill_chunks, make_room_for_decodes,
+                                     split_running, unstick)
 from slogym.baselines.common import split_colocated
 from slogym.baselines.polyserve_kernels import dynamic_chunk
 from slogym.core.batch import Batch, BatchFeatures
@@ -394,6 +394,9 @@ class Fleet:
         self.csum = np.zeros((n, self.width), np.int64)
         self.pb = np.zeros((n, self.width), np.int64)
         self.sa = np.zeros((n, self.width), np.int64)
+        # the router's per-instance memo of co-located admission (polyserve_kernels._co_admits_memo): inputs, result
+        self.admit_key = np.full((n, 7), -1, np.int64)
+        self.admit_val = np.full((n, 3), np.nan)
         self.joined: list[list[int]] = [[] for _ in range(self.n_tiers + 1)]
         self.incoming: list[list[int]] = [[] for _ in range(n)]  # KV transfers under way, per decode instance
         self.use_since = np.full(n, np.nan)
@@ -432,6 +435,7 @@ class Fleet:
         for name in ("n_res", "kv_now", "q_pre", "q_slo", "busy_until", "used_seconds", "rem", "csum", "pb", "sa"):
             setattr(self, name, pad(getattr(self, name), 0))
         self.checked = pad(self.checked, False)
+        self.admit_key, self.admit_val = pad(self.admit_key, -1), pad(self.admit_val, np.nan)
         self.res_tight = pad(self.res_tight, self.n_tiers + 1)
         self.use_since = pad(self.use_since, np.nan)
         self.incoming += [[] for _ in new]
@@ -448,7 +452,9 @@ class Fleet:
         if inst.id >= self.label.size:
             self.grow()
         rs = self.sim.rs
-        res = np.array(inst.running + inst.waiting, np.int64) if inst.waiting else inst.running_array()
+        res = inst.running_array()  # cached: batch formation has just split it
+        if inst.waiting:
+            res = np.concatenate((res, np.array(inst.waiting, np.int64)))
         if self.incoming[inst.id] and self.in_transfer(inst.id):
             res = np.concatenate((res, np.array(self.incoming[inst.id], np.int64)))
         self._fit(res.size)
@@ -470,11 +476,10 @@ class Fleet:
         requests ``reqs``."""
         self.busy_until[j] = now + busy
         self.checked[j] = False
-        be = self.sim.rs.be
-        for r, c in zip(reqs, toks):  # a few chunks per iteration
-            self.q_pre[j] -= c
-            if not be[r]:
-                self.q_slo[j] -= c
+        if toks:  # integer sums: the same as taking the chunks off one by one
+            be = self.sim.rs.be
+            self.q_pre[j] -= sum(toks)
+            self.q_slo[j] -= sum(c for r, c in zip(reqs, toks) if not be[r])
 
     def observe(self, inst: Instance, now: float, busy: float | None = 0.0, reqs: list[int] | None = None,
                 toks: list[int] | None = None) -> None:
@@ -627,14 +632,16 @@ class Fleet:
         admission reads as well). Deviation: §4.5's table leaves prefill attention out ("sequence lengths less
         than 10K"); §3.5 counts it in the co-located iteration time, and slogym's traces pass 10K."""
         t, p = self.table, self.ptable
-        hi = t.token_budget_one(kv, tpot) - dec
-        return pk.co_chunk(t.tokens, t.kv, t.times, p.tokens, p.kv, p.times, dec, float(kv), hi, float(past), tpot)
+        grid, curve = t.budget_curve(tpot)
+        return pk.co_budget(grid, curve, t.tokens, t.kv, t.times, p.tokens, p.kv, p.times, dec, float(kv), tpot,
+                            float(past))
 
     def chunk_attention(self, reqs: list[int], toks: list[int]) -> float:
         """Predicted time the prefill chunks ``toks`` of requests ``reqs`` spend attending their past KV (the part
         of a co-located iteration the (batch size, KV size) table leaves out; :func:`polyserve_kernels.attn_extra`)."""
-        p, nc = self.ptable, self.sim.rs.num_computed
-        return sum(pk.attn_extra(p.tokens, p.kv, p.times, float(c), float(nc[r])) for r, c in zip(reqs, toks))
+        p = self.ptable
+        past = self.sim.rs.num_computed[np.array(reqs, np.int64)]
+        return pk.chunks_attention(p.tokens, p.kv, p.times, np.array(toks, np.int64), past)
 
     def cycle_time(self, idx: np.ndarray | slice = slice(None)) -> np.ndarray:
         """Predicted time of an iteration of everything outstanding on each instance: its residents' decode
@@ -783,9 +790,9 @@ class PolyScheduler(Scheduler):
     def reset(self, sim: "Simulator") -> None:
         self.core.ensure(sim)
 
-    def _deadline_order(self, inst: Instance, cands: list[int]) -> np.ndarray:
+    def _deadline_order(self, inst: Instance, cands: list[int] | np.ndarray) -> np.ndarray:
         """Prefill candidates by TTFT deadline, demoted / best-effort ones last (ties: arrival, then queue order)."""
-        c = np.array(cands, np.int64)
+        c = np.asarray(cands, np.int64)
         if c.size < 2:
             return c
         rs, w = inst.sim.rs, inst.sim.w
@@ -816,7 +823,7 @@ class PolyScheduler(Scheduler):
         reqs: list[int] = []
         toks: list[int] = []
         if pre.size or waiting:  # the budget only shapes prefill chunks
-            cands = self._deadline_order(inst, pre.tolist() + waiting)
+            cands = self._deadline_order(inst, np.concatenate((pre, np.array(waiting, np.int64))) if waiting else pre)
             if self.token_budget is None:  # PolyServe: the head prompt's chunk attends its past (§3.5)
                 tpot = fleet.operating_tpot(inst.id, tightest)
                 past = int(rs.num_computed[cands[0]]) if self.polyserve else 0
@@ -835,7 +842,7 @@ class PolyScheduler(Scheduler):
                 return unstick(inst, victim_key)
             # decodes alone repeat; fast-forwarding them skips the row refreshes, so only once nothing reads them
             steady = not (victims or pre.size or waiting) and fleet.settled()
-            return batch_of(dec, np.ones(dec.size, np.int64), victims, steady=steady)
+            return decode_batch(dec, victims, steady=steady)
         return batch_of(np.concatenate((dec, reqs)), np.concatenate((np.ones(dec.size, np.int64), toks)), victims)
 
     def _prefill_batch(self, inst: Instance, now: float, pre: list[int]) -> Batch | None:
@@ -1175,7 +1182,8 @@ class PolyServeRouter(_FleetRouter):
                          decode, fleet.engine_of, xfer_of, fleet.grid, fleet.curves, fleet.row_tpot, fleet.rem,
                          fleet.csum, fleet.pb, fleet.sa, fleet.n_res, fleet.q_slo, fleet.kv_now, fleet.busy_until,
                          fleet.cap, fleet.max_seqs, table.tokens, table.kv, table.times, fleet.ptable.tokens,
-                         fleet.ptable.kv, fleet.ptable.times, ctx, prompt, r0, now, deadline)
+                         fleet.ptable.kv, fleet.ptable.times, fleet.admit_key, fleet.admit_val, ctx, prompt, r0, now,
+                         deadline)
         if i < 0:
             return DEFER
         if up:

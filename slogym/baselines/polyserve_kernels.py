@@ -45,21 +45,31 @@ def _cell(grid: np.ndarray, x: float) -> int:
     return i if i > 0 else 0
 
 
+@njit(**_INLINE)
+def _weight(grid: np.ndarray, x: float) -> tuple[int, float]:
+    """Cell of ``x`` on a profile axis (:func:`_cell`) and its interpolation weight (0 below the grid)."""
+    i = _cell(grid, x)
+    w = (x - grid[i]) / (grid[i + 1] - grid[i])
+    return i, (w if w >= 0.0 else 0.0)
+
+
+@njit(**_INLINE)
+def _bilinear(tt: np.ndarray, i: int, wi: float, j: int, wj: float) -> float:
+    """Bilinear interpolation of ``tt`` in cell (``i``, ``j``) at weights (``wi``, ``wj``)."""
+    lo = tt[i, j] + (tt[i, j + 1] - tt[i, j]) * wj
+    hi = tt[i + 1, j] + (tt[i + 1, j + 1] - tt[i + 1, j]) * wj
+    return lo + (hi - lo) * wi
+
+
 @njit(**_JIT)
 def table_time(tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, tokens: float, kv: float) -> float:
     """``ProfileTable.time`` of one batch: bilinear interpolation of the profile grid (``tg`` token sizes x ``kg``
     KV sizes -> ``tt`` seconds); 0 for an empty batch."""
     if not tokens > 0:
         return 0.0
-    i = _cell(tg, tokens)
-    j = _cell(kg, kv)
-    wi = (tokens - tg[i]) / (tg[i + 1] - tg[i])
-    wj = (kv - kg[j]) / (kg[j + 1] - kg[j])
-    wi = wi if wi >= 0.0 else 0.0
-    wj = wj if wj >= 0.0 else 0.0
-    lo = tt[i, j] + (tt[i, j + 1] - tt[i, j]) * wj
-    hi = tt[i + 1, j] + (tt[i + 1, j + 1] - tt[i + 1, j]) * wj
-    return lo + (hi - lo) * wi
+    i, wi = _weight(tg, tokens)
+    j, wj = _weight(kg, kv)
+    return _bilinear(tt, i, wi, j, wj)
 
 
 @njit(**_JIT)
@@ -106,18 +116,43 @@ def co_chunk(tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, pg: np.ndarray, pkv
     chunk prediction (``_admits``, §4.7) both read it."""
     if hi <= 0 or not past > 0:
         return hi
-    limit = table_time(tg, kg, tt, float(dec + hi), kv)
-    limit = limit if limit > tpot else tpot
-    if table_time(tg, kg, tt, float(dec + hi), kv) + attn_extra(pg, pkv, pt, float(hi), past) <= limit:
+    t_hi = table_time(tg, kg, tt, float(dec + hi), kv)
+    limit = t_hi if t_hi > tpot else tpot
+    if t_hi + attn_extra(pg, pkv, pt, float(hi), past) <= limit:
         return hi
+    # bisection: the KV column of the table and the past columns of the prefill profile stay fixed, so only the
+    # token cells are looked up per step (the same values as table_time / attn_extra, operation for operation)
+    j, wj = _weight(kg, kv)
+    jp, wp = _weight(pkv, past)
+    j0, w0 = _weight(pkv, 0.0)
     lo, up = 0, hi  # fits(lo), not fits(up)
     while up - lo > 1:
         mid = (lo + up) >> 1
-        if table_time(tg, kg, tt, float(dec + mid), kv) + attn_extra(pg, pkv, pt, float(mid), past) <= limit:
+        i, wi = _weight(tg, float(dec + mid))
+        ip, wq = _weight(pg, float(mid))
+        extra = _bilinear(pt, ip, wq, jp, wp) - _bilinear(pt, ip, wq, j0, w0)
+        if _bilinear(tt, i, wi, j, wj) + extra <= limit:
             lo = mid
         else:
             up = mid
     return lo
+
+
+@njit(**_JIT)
+def co_budget(grid: np.ndarray, curve: np.ndarray, tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, pg: np.ndarray,
+              pkv: np.ndarray, pt: np.ndarray, dec: int, kv: float, tpot: float, past: float) -> int:
+    """``Fleet.chunk_budget`` in one call: the token budget at KV size ``kv`` (:func:`token_budget` of the
+    ``tpot`` curve ``grid`` -> ``curve``) less the ``dec`` decodes, shrunk by :func:`co_chunk` at ``past``."""
+    return co_chunk(tg, kg, tt, pg, pkv, pt, dec, kv, token_budget(grid, curve, kv) - dec, past, tpot)
+
+
+@njit(**_JIT)
+def chunks_attention(pg: np.ndarray, pkv: np.ndarray, pt: np.ndarray, toks: np.ndarray, past: np.ndarray) -> float:
+    """``Fleet.chunk_attention``: :func:`attn_extra` of each chunk ``toks[m]`` over ``past[m]``, summed in order."""
+    total = 0.0
+    for m in range(toks.size):
+        total += attn_extra(pg, pkv, pt, float(toks[m]), float(past[m]))
+    return total
 
 
 # ============================================================================ batch formation (§2.4, §4.5)
@@ -278,6 +313,40 @@ def future_kv_peak_one(rem: np.ndarray, csum: np.ndarray, pb: np.ndarray, sa: np
 
 
 @njit(**_INLINE)
+def _fits(tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, batch: int, pk: int, host_tpot: float, cap: int,
+          max_seqs: int) -> tuple[bool, float]:
+    """The TPOT and KV checks of admission (§4.5): the profile time of the decode ``batch`` at the future KV peak
+    ``pk`` within the host TPOT, the peak within KV memory, the batch within ``max_seqs``; and that time."""
+    t_dec = table_time(tg, kg, tt, float(batch), float(pk))
+    return t_dec <= host_tpot and pk <= cap and batch <= max_seqs, t_dec
+
+
+@njit(**_INLINE)
+def _co_prefill(batch: int, pk: int, host_tpot: float, curve: np.ndarray, grid: np.ndarray, q_ahead: int,
+                tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, pg: np.ndarray, pkv: np.ndarray, pt: np.ndarray,
+                ctx: int, prompt: int) -> tuple[bool, float]:
+    """The prefill prediction of co-located admission (see :func:`_admits`), which does not depend on the time:
+    (the chunk is >= 1 token, the predicted time from the end of the host's current iteration to the first
+    token)."""
+    hi = token_budget(grid, curve, float(pk)) - batch
+    last = ctx - (hi if 0 < hi < prompt else prompt)  # the past the prompt's last chunk attends
+    chunk = co_chunk(tg, kg, tt, pg, pkv, pt, batch, float(pk), hi, float(last), host_tpot)
+    todo = q_ahead + prompt
+    step = chunk if chunk > 1 else 1
+    s = step if step < todo else todo
+    t_iter = table_time(tg, kg, tt, float(batch + s), float(pk)) + attn_extra(pg, pkv, pt, float(s),
+                                                                                0.5 * (ctx - prompt + last))
+    return chunk >= 1, (-(-todo // step)) * t_iter
+
+
+@njit(**_INLINE)
+def _wait(busy_until: np.ndarray, j: int, now: float) -> float:
+    """Time until instance ``j``'s current iteration ends (§4.6), 0 when it has."""
+    wait = busy_until[j] - now
+    return wait if wait > 0.0 else 0.0
+
+
+@njit(**_INLINE)
 def _admits(decode: bool, j: int, host_tpot: float, curve: np.ndarray, grid: np.ndarray, rem: np.ndarray,
             csum: np.ndarray, pb: np.ndarray, sa: np.ndarray, n_res: np.ndarray, q_ahead: np.ndarray,
             kv_now: np.ndarray, busy_until: np.ndarray, cap: np.ndarray, max_seqs: np.ndarray, tg: np.ndarray,
@@ -294,24 +363,40 @@ def _admits(decode: bool, j: int, host_tpot: float, curve: np.ndarray, grid: np.
     profile)."""
     n = n_res[j]
     pk = future_kv_peak_one(rem, csum, pb, sa, j, n, ctx, r0)
-    batch = n + 1
-    t_dec = table_time(tg, kg, tt, float(batch), float(pk))
-    wait = busy_until[j] - now
-    wait = wait if wait > 0.0 else 0.0
-    fits = t_dec <= host_tpot and pk <= cap[j] and batch <= max_seqs[j]
+    fits, t_dec = _fits(tg, kg, tt, n + 1, pk, host_tpot, cap[j], max_seqs[j])
+    wait = _wait(busy_until, j, now)
     if decode:
         nxt = now + xfer + wait + t_dec
         return fits and nxt <= deadline, pk, nxt
-    hi = token_budget(grid, curve, float(pk)) - batch
-    last = ctx - (hi if 0 < hi < prompt else prompt)  # the past the prompt's last chunk attends
-    chunk = co_chunk(tg, kg, tt, pg, pkv, pt, batch, float(pk), hi, float(last), host_tpot)
-    todo = q_ahead[j] + prompt
-    step = chunk if chunk > 1 else 1
-    s = step if step < todo else todo
-    t_iter = table_time(tg, kg, tt, float(batch + s), float(pk)) + attn_extra(pg, pkv, pt, float(s),
-                                                                                0.5 * (ctx - prompt + last))
-    first = now + wait + (-(-todo // step)) * t_iter
-    return fits and chunk >= 1 and first <= deadline, pk, first
+    chunk_ok, ahead = _co_prefill(n + 1, pk, host_tpot, curve, grid, q_ahead[j], tg, kg, tt, pg, pkv, pt, ctx,
+                                  prompt)
+    first = now + wait + ahead
+    return fits and chunk_ok and first <= deadline, pk, first
+
+
+@njit(**_INLINE)
+def _co_admits_memo(j: int, host_tpot: float, curve: np.ndarray, grid: np.ndarray, rem: np.ndarray,
+                    csum: np.ndarray, pb: np.ndarray, sa: np.ndarray, n_res: np.ndarray, q_ahead: np.ndarray,
+                    busy_until: np.ndarray, cap: np.ndarray, max_seqs: np.ndarray, tg: np.ndarray, kg: np.ndarray,
+                    tt: np.ndarray, pg: np.ndarray, pkv: np.ndarray, pt: np.ndarray, memo_key: np.ndarray,
+                    memo_val: np.ndarray, ctx: int, prompt: int, r0: int, now: float, deadline: float) -> bool:
+    """:func:`_admits`' verdict, co-located, with its time-independent part (:func:`_fits`, :func:`_co_prefill`)
+    kept per instance: row ``j`` of ``memo_key`` holds that part's integer inputs (residents, future KV peak,
+    queued prompt tokens, context, prompt, KV capacity, batch limit), ``memo_val`` the host TPOT and the result
+    (ok 0/1, time to the first token after the wait). A request that pends is offered again at every finish in
+    the cluster, and most instances are unchanged in between: the same inputs give the same result, so it is
+    reused, and only the wait (the time) is applied again, by the same operations."""
+    n = n_res[j]
+    pk = future_kv_peak_one(rem, csum, pb, sa, j, n, ctx, r0)
+    key, val = memo_key[j], memo_val[j]
+    if not (key[0] == n and key[1] == pk and key[2] == q_ahead[j] and key[3] == ctx and key[4] == prompt
+            and key[5] == cap[j] and key[6] == max_seqs[j] and val[0] == host_tpot):
+        fits, _ = _fits(tg, kg, tt, n + 1, pk, host_tpot, cap[j], max_seqs[j])
+        chunk_ok, ahead = _co_prefill(n + 1, pk, host_tpot, curve, grid, q_ahead[j], tg, kg, tt, pg, pkv, pt, ctx,
+                                      prompt)
+        key[0], key[1], key[2], key[3], key[4], key[5], key[6] = n, pk, q_ahead[j], ctx, prompt, cap[j], max_seqs[j]
+        val[0], val[1], val[2] = host_tpot, 1.0 if fits and chunk_ok else 0.0, ahead
+    return val[1] == 1.0 and now + _wait(busy_until, j, now) + val[2] <= deadline
 
 
 @njit(**_INLINE)
@@ -336,48 +421,69 @@ def verdicts(decode: bool, cand: np.ndarray, curve_of: np.ndarray, host_tpot: np
         load[m] = _load(tg, kg, tt, n_res, kv_now, cand[m])
 
 
+@njit(**_INLINE)
+def _ahead(rank_a: int, load_a: float, rank_b: int, load_b: float) -> bool:
+    """Candidate ``a`` comes before ``b`` in the routing rule's preference: a nearer host tier (scale-up last),
+    then a higher load (the load gradient). Equal keys keep their instance order (lowest index first)."""
+    return rank_a < rank_b or (rank_a == rank_b and load_a > load_b)
+
+
 @njit(**_JIT)
 def place(t: int, n_tiers: int, label: np.ndarray, host_rank: np.ndarray, idle_label: np.ndarray,
           res_tight: np.ndarray, decode: bool, engine_of: np.ndarray, xfer_of: np.ndarray, grid: np.ndarray,
           curves: np.ndarray, row_tpot: np.ndarray, rem: np.ndarray, csum: np.ndarray, pb: np.ndarray,
           sa: np.ndarray, n_res: np.ndarray,
           q_ahead: np.ndarray, kv_now: np.ndarray, busy_until: np.ndarray, cap: np.ndarray, max_seqs: np.ndarray,
-          tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, pg: np.ndarray, pkv: np.ndarray, pt: np.ndarray, ctx: int,
-          prompt: int, r0: int, now: float, deadline: float) -> tuple[int, bool]:
+          tg: np.ndarray, kg: np.ndarray, tt: np.ndarray, pg: np.ndarray, pkv: np.ndarray, pt: np.ndarray,
+          memo_key: np.ndarray, memo_val: np.ndarray, ctx: int, prompt: int, r0: int, now: float,
+          deadline: float) -> tuple[int, bool]:
     """Steps 1-3 of PolyServe's routing rule (``PolyServeRouter._place``) for a request of tier ``t`` over all
-    instances, in one pass: returns (instance, scale-up) or (-1, False) when nothing admits.
+    instances: returns (instance, scale-up) or (-1, False) when nothing admits.
 
     Candidates: instances whose label hosts tier ``t`` (``host_rank[label] < NO_HOST``: own tier, then tighter
     ones nearest first -- lazy promotion), else, for a tiered request, idle ones (``idle_label``: pool or
     pending list) whose residents are all of tier >= ``t`` (scale-up, at tier ``t``'s TPOT). Among the admitting
     candidates the nearest host tier wins, scale-up last; within it the highest load (the lowest index on ties):
-    the load gradient. A candidate of a farther tier than an admitting one found already cannot win and is not
-    evaluated. ``decode``: decode admission, with the KV transfer time ``xfer_of`` of the engine of the first
-    candidate (``engine_of``)."""
-    best, best_rank, best_load, best_up = -1, NO_HOST + 1, -1.0, False
+    the load gradient. So the candidates are put in that order first (the load needs no admission test) and the
+    first that admits wins: the admission test, the costly part, runs only until then. ``decode``: decode
+    admission, with the KV transfer time ``xfer_of`` of the engine of the first candidate (``engine_of``);
+    co-located admission reuses its time-independent part per instance (``memo_key``, ``memo_val``:
+    :func:`_co_admits_memo`)."""
+    n = label.size
+    cand = np.empty(n, np.int64)  # candidate instances, kept sorted by (rank, -load, index): insertion sort
+    rank_of = np.empty(n, np.int64)
+    load_of = np.empty(n)
     tier_row = t if t < n_tiers - 1 else n_tiers - 1
     xfer = -1.0
-    for j in range(label.size):
+    k = 0
+    for j in range(n):
         rank = host_rank[label[j]]
-        up = rank >= NO_HOST
-        if up:
-            if not (t < n_tiers and idle_label[label[j]] and res_tight[j] >= t):
-                continue
-            row = tier_row
-        else:
-            row = label[j] if label[j] < n_tiers else n_tiers
+        if rank >= NO_HOST and not (t < n_tiers and idle_label[label[j]] and res_tight[j] >= t):
+            continue
         if xfer < 0.0:
             xfer = xfer_of[engine_of[j]]
-        if rank > best_rank:
-            continue
-        ok, _, _ = _admits(decode, j, row_tpot[row], curves[row], grid, rem, csum, pb, sa, n_res, q_ahead, kv_now,
-                           busy_until, cap, max_seqs, tg, kg, tt, pg, pkv, pt, ctx, prompt, r0, now, deadline, xfer)
-        if not ok:
-            continue
         load = _load(tg, kg, tt, n_res, kv_now, j)
-        if rank < best_rank or load > best_load:
-            best, best_rank, best_load, best_up = j, rank, load, up
-    return best, best_up
+        m = k
+        while m > 0 and _ahead(rank, load, rank_of[m - 1], load_of[m - 1]):
+            cand[m], rank_of[m], load_of[m] = cand[m - 1], rank_of[m - 1], load_of[m - 1]
+            m -= 1
+        cand[m], rank_of[m], load_of[m] = j, rank, load
+        k += 1
+    for m in range(k):
+        j = cand[m]
+        up = rank_of[m] >= NO_HOST
+        row = tier_row if up else (label[j] if label[j] < n_tiers else n_tiers)
+        if decode:
+            ok, _, _ = _admits(True, j, row_tpot[row], curves[row], grid, rem, csum, pb, sa, n_res, q_ahead, kv_now,
+                               busy_until, cap, max_seqs, tg, kg, tt, pg, pkv, pt, ctx, prompt, r0, now, deadline,
+                               xfer)
+        else:
+            ok = _co_admits_memo(j, row_tpot[row], curves[row], grid, rem, csum, pb, sa, n_res, q_ahead, busy_until,
+                                 cap, max_seqs, tg, kg, tt, pg, pkv, pt, memo_key, memo_val, ctx, prompt, r0, now,
+                                 deadline)
+        if ok:
+            return j, up
+    return -1, False
 
 
 @njit(**_JIT)
