@@ -110,7 +110,7 @@ POLICY_DESCRIPTIONS: dict[str, str] = {
     "hyperflexis-scaling": "HyperFlexis + threshold scaler with fast (D2D) scaling (HyperFlexis-Scaling, §6)",
     "hyperflexis-pd": "HyperFlexis P/D: prefill dispatcher + per-iteration decode migrator (HyperFlexis-PD)",
     "hyperflexis-pd-scaling": "HyperFlexis P/D + scaler with role switching (HyperFlexis-PD-Scaling)",
-    "rr-pd": "RR-PD: round-robin prefill and decode workers, vLLM FCFS (HyperFlexis §8.1.2 baseline)",
+    "rr-pd": "RR-PD: round-robin prefill and decode workers, DistServe's FCFS workers (HyperFlexis §8.1.2)",
     "round-robin": "round-robin router + vLLM FCFS",
     "random": "random router + vLLM FCFS",
     "least-load": "least-outstanding-tokens router + vLLM FCFS",

@@ -3,8 +3,9 @@
 DistServe (Zhong et al., OSDI'24, "Disaggregating prefill and decoding for goodput-optimized LLM serving") runs
 prompts on prefill instances and decode steps on decode instances, moving each request's KV cache in between,
 and sizes the two pools for the workload offline. SLOs-Serve uses it as its disaggregated baseline (§2.3,
-Fig. 4: capacity depends on the prefill:decode ratio, 1:2 for ChatBot, 2:1 for Coder) and derives the
-capacity-optimal ratio in Appendix A (:func:`optimal_pd_ratio`).
+Fig. 4: capacity depends on the prefill:decode ratio) and derives the capacity-optimal ratio in Appendix A
+(:func:`optimal_pd_ratio`). Its three statements of the ChatBot / Coder ratios disagree (§2.3's prose, Appendix
+A's prose and Appendix A's formula; docs/baselines/distserve.md): slogym implements the formula alone.
 
 Mechanisms and where they live:
 
