@@ -144,26 +144,22 @@ class DistServeScheduler(VLLMScheduler):
     def next_batch(self, inst: Instance, now: float) -> Batch | None:
         if inst.role != Role.DECODE or not inst.waiting:
             return super().next_batch(inst, now)
-        arrived = [r for r in inst.waiting if int(inst.remaining([r])[0]) == 1]
+        arrived = np.asarray(inst.waiting, dtype=np.int64)
         dec, pre = split_running(inst)
-        if pre.size or len(arrived) < len(inst.waiting):  # a recompute after preemption: vLLM's path
+        if pre.size or (inst.remaining(arrived) != 1).any():  # a recompute after preemption: vLLM's path
             return super().next_batch(inst, now)
         arrival = inst.sim.w.arrival
         keep, victims, free = make_room_for_decodes(inst, dec, arrival[inst.running_array()])
         if victims:
             return decode_batch(keep, victims)
         free -= int(self.watermark * inst.total_blocks)
-        admit: list[int] = []
-        for r in arrived:  # FCFS: stop at the first that does not fit
-            need = int(inst.blocks_needed([r], 1)[0])
-            if keep.size + len(admit) >= self.max_num_seqs or need > free:
-                break
-            admit.append(r)
-            free -= need
-        reqs = np.concatenate((keep, np.asarray(admit, np.int64)))
+        # FCFS: the longest prefix of arrivals whose KV fits, within the sequence limit
+        fits = int(np.searchsorted(np.cumsum(inst.blocks_needed(arrived, 1)), free, side="right"))
+        admit = arrived[:max(min(fits, self.max_num_seqs - keep.size), 0)]
+        reqs = np.concatenate((keep, admit))
         if not reqs.size:
             return None
-        return decode_batch(reqs, steady=not admit)
+        return decode_batch(reqs, steady=not admit.size)
 
 
 def make_distserve(engine: Any = None, router: Router | None = None, pd: tuple[int, int] | None = None,
