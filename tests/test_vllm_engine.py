@@ -335,6 +335,12 @@ def test_real_clock_starts_after_reset_and_a_simulated_warm_up(engine: VLLMEngin
     assert engine.iterations - steps == len(sim.iteration_records())
 
 
+def test_failed_tiny_model_build_is_one_line(tmp_path: Any) -> None:
+    with pytest.raises(EngineError, match="head_dim must be an integer >= 32") as info:
+        make_tiny_model(tmp_path / "bad", hidden=100, heads=4)
+    assert "\n" not in str(info.value) and "Traceback" not in str(info.value)
+
+
 def test_hung_step_times_out(model_dir: str) -> None:
     with VLLMEngine(config(model_dir, step_timeout=3.0)) as eng:
         with pytest.raises(EngineError, match="timed out after 3 s"):
@@ -477,8 +483,12 @@ def test_cli_profile_run_fit_simulate(model_dir: str, tmp_path: Any, capsys: Any
                "--max-num-batched-tokens", "128", "--max-model-len", "256", "--json"])
     report = json.loads(capsys.readouterr().out)
     assert rc == 0 and report["rows"] == report["points"] > 0 and csv.exists()
-    assert main(["profile", "fit", str(csv), "--family", "quadratic", "--kv-tokens", "512", "--holdout", "0",
-                 "--out", str(preset)]) == 0
+    assert json.loads(Path(report["limits"]).read_text())["max_num_batched_tokens"] == 128
+    # the preset carries the profiled engine's KV pool and limits (from the sidecar: no --kv-tokens needed)
+    assert main(["profile", "fit", str(csv), "--family", "quadratic", "--holdout", "0", "--out", str(preset)]) == 0
     capsys.readouterr()
+    fitted = json.loads(preset.read_text())
+    assert (fitted["kv_capacity_tokens"], fitted["block_size"], fitted["max_num_seqs"],
+            fitted["max_num_batched_tokens"]) == (512, 32, 4, 128)
     assert main(["simulate", "--engine", str(preset), "--requests", "20", "--json", "--no-progress"]) == 0
     assert json.loads(capsys.readouterr().out)["n_requests"] == 20
