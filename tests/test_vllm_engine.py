@@ -275,6 +275,16 @@ def test_batch_over_the_engine_limit_is_refused_and_cleaned_up(engine: VLLMEngin
     assert engine.abort([]) == cfg.num_blocks  # the first request's KV was released in the engine too
 
 
+def test_a_run_starts_from_an_empty_engine(engine: VLLMEngine) -> None:
+    # what an abandoned run left behind (an agent-driven episode whose generator was not closed yet): request 0
+    # holds KV, and the next run's request 0 is a different request with the same id
+    engine.step([(0, 64, 0, 64)], add=[(0, 64, 5)])
+    assert engine.abort([]) < engine.config.num_blocks
+    w = chat_workload(6, seed=12, max_out=6)
+    sim = run_live(engine, w, make_policy("sarathi", engine=live_spec(engine.config)))
+    assert (sim.result().records["outcome"] == "finished").all() and engine.owner is sim
+
+
 def test_interrupt_while_waiting_for_a_reply_closes_the_engine(model_dir: str) -> None:
     def interrupt(*_: Any) -> None:
         raise KeyboardInterrupt

@@ -221,6 +221,7 @@ class VLLMEngine:
         self.closed = False
         self.failed = False  # closed by an EngineError: the log is kept (the error names it)
         self.iterations = 0
+        self.owner: Any = None  # the LiveSimulator run serving on this engine (set when its serving starts)
         cfg = {k: getattr(config, k) for k in ("model", "block_size", "num_blocks", "max_num_seqs",
                                                "max_num_batched_tokens", "max_model_len", "dtype", "seed",
                                                "threads", "nice", "timing", "ref_reps", "ref_window", "gc_in_step",
@@ -321,10 +322,11 @@ class VLLMEngine:
         return (cpu * float(reply["speed"]) ** cfg.norm_elasticity.get(kind, 1.0)
                 * (max(wall / cpu, 1.0) ** -b if b else 1.0))
 
-    def abort(self, requests: list[int]) -> int:
-        """Abort ``requests`` in the engine (their KV is freed) without running a step; returns the engine's
-        free KV blocks afterwards."""
-        reply = self._call({"cmd": "abort", "abort": list(requests)}, self.config.step_timeout, "abort")
+    def abort(self, requests: list[int], everything: bool = False) -> int:
+        """Abort ``requests`` (``everything``: every request the engine holds) without running a step, freeing
+        their KV; returns the engine's free KV blocks afterwards."""
+        reply = self._call({"cmd": "abort", "abort": list(requests), "all": bool(everything)},
+                           self.config.step_timeout, "abort")
         return int(reply["free_blocks"])
 
     def _fail(self, keep_log: bool = True) -> None:

@@ -165,7 +165,14 @@ class LiveSimulator(Simulator):
         self.warmup_seconds = time.perf_counter() - t0
 
     def _loop(self) -> Any:
-        # the real clock starts when serving starts: after the policy's reset (set-up, JIT compilation) and the
+        # serving starts: this run owns its engines, which drop whatever an earlier run left in them (an abandoned
+        # agent-driven run whose generator is not yet garbage-collected: request ids are workload indices, so its
+        # requests would collide with this run's); a late clean-up of that run then leaves the engines alone
+        for eng in self.live_engines:
+            eng.owner = self
+            if not eng.closed:
+                eng.abort([], everything=True)
+        # the real clock starts now: after the policy's reset (set-up, JIT compilation), the warm-up and the
         # simulator's own set-up, so those never count as lateness of the first requests
         self._t0 = time.perf_counter()
         yield from super()._loop()
@@ -183,15 +190,16 @@ class LiveSimulator(Simulator):
             e.add_note(f"LiveSimulator: cleaning up after it failed too: {err!r}")
 
     def _fail_unfinished(self, reason: str) -> None:
-        """Abort everything every engine still open holds (the survivors of a failed engine included), then give
-        every request without an outcome ``failed`` (its KV released); the run ends now."""
+        """Abort everything every engine still open holds for this run (the survivors of a failed engine included;
+        not on an engine a later run has taken over), then give every request without an outcome ``failed`` (its
+        KV released); the run ends now."""
         self.error = reason
         for i, eng in enumerate(self.live_engines):
             held = sorted(self._known[i])
             self._known[i].clear()
             self._freed[i].clear()
             self._engine_done[i].clear()
-            if held and not eng.closed:
+            if held and not eng.closed and eng.owner is self:
                 try:
                     eng.abort(held)
                 except EngineError:  # this engine is gone too; it closed itself

@@ -9,7 +9,7 @@ pickles on the stdout/stdin pipes it was started with (anything vLLM prints goes
 ``step``   add new requests, abort some, then run ONE engine step whose batch is the plan sent with it;
            reply with the wall and CPU time of ``LLMEngine.step()``, the batch vLLM executed, and every planned
            request's token counts after it
-``abort``  abort requests (free their KV) without stepping
+``abort``  abort requests (free their KV) without stepping; ``all``: every request the engine holds
 ``stop``   shut the engine down and exit
 
 ``python worker.py tiny-model DIR`` writes a tiny random-weight Llama model (no download) and exits.
@@ -323,7 +323,8 @@ class Worker:
         self.ids[rid] = self.engine.add_request(str(rid), {"prompt_token_ids": prompt}, params)
 
     def abort(self, msg: dict[str, Any]) -> dict[str, Any]:
-        gone = [self.ids.pop(r) for r in msg.get("abort", ()) if r in self.ids]
+        which = list(self.ids) if msg.get("all") else msg.get("abort", ())
+        gone = [self.ids.pop(r) for r in which if r in self.ids]
         if gone:
             self.engine.abort_request(gone, internal=True)
         return {"ok": True, "aborted": len(gone),
