@@ -12,7 +12,7 @@ import re
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -188,11 +188,11 @@ def test_unsupported_decisions_raise_clear_errors(engine: VLLMEngine) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- faults
-class KillAfter(Scheduler):
-    """Wraps a scheduler and SIGKILLs the engine process at its ``n``-th decision."""
+class FaultAt(Scheduler):
+    """Wraps a scheduler and calls ``fault`` at its ``n``-th decision (SIGKILL the engine, raise an exception)."""
 
-    def __init__(self, inner: Scheduler, pid: int, n: int) -> None:
-        self.inner, self.pid, self.n = inner, pid, n
+    def __init__(self, inner: Scheduler, n: int, fault: Callable[[], None]) -> None:
+        self.inner, self.n, self.fault = inner, n, fault
 
     def reset(self, sim: Any) -> None:
         self.inner.reset(sim)
@@ -201,15 +201,26 @@ class KillAfter(Scheduler):
     def next_batch(self, inst: Any, now: float) -> Batch | None:
         self.calls += 1
         if self.calls == self.n:
-            os.kill(self.pid, signal.SIGKILL)
+            self.fault()
         return self.inner.next_batch(inst, now)
+
+
+def kill_at(inner: Scheduler, pid: int, n: int) -> FaultAt:
+    return FaultAt(inner, n, lambda: os.kill(pid, signal.SIGKILL))
+
+
+def raise_at(inner: Scheduler, exc: BaseException, n: int) -> FaultAt:
+    def fault() -> None:
+        raise exc
+
+    return FaultAt(inner, n, fault)
 
 
 def test_killed_engine_raises_engine_error_and_fails_requests(model_dir: str) -> None:
     w = chat_workload(12, seed=6)
     with VLLMEngine(config(model_dir, step_timeout=30.0)) as eng:
         spec = live_spec(eng.config)
-        sim = LiveSimulator(w, eng, Policy("kill", KillAfter(make_policy("vllm", engine=spec).scheduler, eng.pid, 6)))
+        sim = LiveSimulator(w, eng, Policy("kill", kill_at(make_policy("vllm", engine=spec).scheduler, eng.pid, 6)))
         with pytest.raises(EngineError, match="died|gone") as info:
             sim.run()
         assert eng.closed
@@ -228,28 +239,11 @@ def test_killed_engine_raises_engine_error_and_fails_requests(model_dir: str) ->
     assert all(i.free_blocks == i.total_blocks for i in sim.instances)
 
 
-class RaiseAfter(Scheduler):
-    """Wraps a scheduler and raises ``exc`` at its ``n``-th decision (a policy bug, a scaler's error, Ctrl-C)."""
-
-    def __init__(self, inner: Scheduler, exc: BaseException, n: int) -> None:
-        self.inner, self.exc, self.n = inner, exc, n
-
-    def reset(self, sim: Any) -> None:
-        self.inner.reset(sim)
-        self.calls = 0
-
-    def next_batch(self, inst: Any, now: float) -> Batch | None:
-        self.calls += 1
-        if self.calls == self.n:
-            raise self.exc
-        return self.inner.next_batch(inst, now)
-
-
 @pytest.mark.parametrize("exc", [ValueError("policy bug"), KeyboardInterrupt()], ids=["ValueError", "Ctrl-C"])
 def test_any_exception_mid_run_fails_requests_and_frees_the_engine(engine: VLLMEngine, exc: BaseException) -> None:
     w = chat_workload(12, seed=8, gap=0.0, max_out=20)
     spec = live_spec(engine.config)
-    sim = LiveSimulator(w, engine, Policy("raise", RaiseAfter(make_policy("sarathi", engine=spec).scheduler, exc, 5)))
+    sim = LiveSimulator(w, engine, Policy("raise", raise_at(make_policy("sarathi", engine=spec).scheduler, exc, 5)))
     with pytest.raises(type(exc)) as info:
         sim.run()
     rec = info.value.result.records
@@ -309,7 +303,7 @@ def test_surviving_engines_release_the_failed_requests(model_dir: str) -> None:
     with VLLMEngine(config(model_dir, step_timeout=30.0)) as e0, VLLMEngine(config(model_dir, step_timeout=30.0)) as e1:
         spec = live_spec(e0.config)
         base = make_policy("sarathi", engine=spec)
-        pol = Policy("kill1", KillAfter(base.scheduler, e1.pid, 40), router=base.router)
+        pol = Policy("kill1", kill_at(base.scheduler, e1.pid, 40), router=base.router)
         with pytest.raises(EngineError) as info:
             LiveSimulator(w, [e0, e1], pol).run()
         rec = info.value.result.records
