@@ -456,14 +456,13 @@ def _read_profile_limits(records: str | Path) -> dict[str, Any] | None:
 def cmd_profile_run(args: argparse.Namespace) -> int:
     """Sweep batch compositions on a live vLLM engine and write profile records (see docs/live_engine.md)."""
     from slogym.engines.live import EngineConfig, EngineError, VLLMEngine, make_tiny_model, vllm_unavailable_reason
-    from slogym.engines.profiler import ProfileGrid, profile
+    from slogym.engines.profiler import ProfileGrid, check_visits, profile
 
     _check_out_dir(args.out)
-    # profiler.profile's visit rule, checked before the engine starts (it raises the same only after start-up)
-    if args.measure % 2 == 0 or args.warmup + args.measure > 7:
-        raise UsageError(f"--measure {args.measure} with --warmup {args.warmup}: --measure must be odd and "
-                         "--warmup + --measure <= 7 (a mixed visit takes two decode tokens per iteration; the grid "
-                         "reserves 16 KV tokens per decoding request)")
+    try:  # profiler.profile's visit rule, checked before the engine starts
+        check_visits(args.repeats, args.warmup, args.measure)
+    except ValueError as e:
+        raise UsageError(f"--repeats / --warmup / --measure: {e}") from None
     reason = vllm_unavailable_reason()
     if reason is not None:
         raise UsageError(reason)

@@ -216,6 +216,15 @@ def repeat_ratios(engine: VLLMEngine, n: int = 100, batch: int = 16, context: in
     return out
 
 
+def check_visits(repeats: int, warmup: int, measure: int) -> None:
+    """The visit rule of :func:`profile` (``ValueError`` naming the values): callers check it before an engine
+    starts."""
+    if repeats < 1 or warmup < 0 or measure < 1 or measure % 2 == 0 or warmup + measure > 7:
+        raise ValueError(f"repeats={repeats} must be >= 1, warmup={warmup} >= 0, measure={measure} odd >= 1 and "
+                         "warmup + measure <= 7 (a mixed visit takes two decode tokens per iteration; the grid "
+                         "reserves 16 KV tokens per decoding request)")
+
+
 def profile(engine: VLLMEngine, grid: ProfileGrid | None = None, repeats: int = 3, warmup: int = 2,
             progress: Callable[[str], None] | None = None, warm: bool = False, seed: int = 0,
             measure: int = 1) -> pd.DataFrame:
@@ -232,10 +241,7 @@ def profile(engine: VLLMEngine, grid: ProfileGrid | None = None, repeats: int = 
     kv_tokens = cfg.num_blocks * cfg.block_size
     if grid is None:
         grid = ProfileGrid.app_a(cfg.max_num_seqs, cfg.max_num_batched_tokens, kv_tokens, cfg.max_model_len)
-    if repeats < 1 or warmup < 0 or measure < 1 or measure % 2 == 0 or warmup + measure > 7:
-        raise ValueError(f"repeats={repeats} must be >= 1, warmup={warmup} >= 0, measure={measure} odd >= 1 and "
-                         "warmup + measure <= 7 (a mixed visit takes two decode tokens per iteration; the grid "
-                         "reserves 16 KV tokens per decoding request)")
+    check_visits(repeats, warmup, measure)
     if warm:
         if progress is not None:
             progress(f"warming up batch shapes 1..{cfg.max_num_batched_tokens} tokens")
