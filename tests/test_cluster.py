@@ -392,3 +392,25 @@ def test_routing_to_a_draining_instance_raises():
     sim.add_timer(0.25, lambda s, t: s.drain_instance(0))
     with pytest.raises(SchedulerError, match="DRAINING|draining|accept"):
         sim.run()
+
+
+def test_a_scaler_keeps_ticking_through_a_tool_call():
+    """Nothing runs while the only request waits for its tool, but the tool's return is still to come: the scaler
+    is asked every interval until the request finishes, and no more after."""
+    class Count(Scaler):
+        interval = 1.0
+
+        def reset(self, sim):
+            self.ticks = []
+
+        def decide(self, sim, now):
+            self.ticks.append(now)
+
+    eng = ToyEngine()
+    w = Workload.from_requests([Request(0.0, [prefill(50), decode(10), external(10.0), prefill(20), decode(10)])])
+    pol = make_policy("vllm", eng)
+    pol.scaler = Count()
+    sim = Simulator(w, eng, pol).run()
+    end = float(sim.rs.finish[0])
+    assert end > 10.0 and sim.end_time == end
+    assert pol.scaler.ticks == [float(k) for k in range(1, int(end) + 2)]  # the last one was armed before the end

@@ -329,3 +329,15 @@ def test_role_pools_take_only_per_role_scaler_deltas():
 
     with pytest.raises(ValueError, match="not per prefill/decode role"):
         layout.deltas_of(PerTier(), None, 0.0)
+
+
+def test_baseline_runs_use_the_envs_kv_link():
+    """``run_scaler`` (baseline scores) replays on the env's own cluster: its P/D split and its KV link."""
+    kw = dict(SMALL, pools="roles", pd=(1, 1), policy="distserve")
+    slow = gym.make("slogym/Scaling-v0", kv_gbps=0.5, **kw).unwrapped
+    fast = gym.make("slogym/Scaling-v0", **kw).unwrapped
+    slow.reset(seed=4)
+    win = (slow.sim.w, slow.sim.seed)
+    a = slow.run_scaler(slow.baseline_policy("static"), win)
+    b = fast.run_scaler(fast.baseline_policy("static"), win)
+    assert a["attainment"] < b["attainment"]

@@ -37,9 +37,11 @@ def episode_reward(sim: Simulator, reward: str) -> float:
 
 
 def run_window(policy: Policy, window: Window, env: Any) -> dict[str, float]:
-    """Run ``policy`` on one window with the environment's engine, cluster size and attainment mode."""
+    """Run ``policy`` on one window with the environment's engine, cluster (size, P/D split, KV link) and
+    attainment mode."""
     w, seed = window
-    sim = Simulator(w, env.engine, policy, env.n_instances, seed=seed, attainment=env.attainment).run()
+    sim = Simulator(w, env.engine, policy, env.n_instances, seed=seed, attainment=env.attainment, pd=env.pd,
+                    transfer=env.transfer).run()
     s = sim.result().summary
     return {"reward": episode_reward(sim, env.reward_name), "attainment": float(s["attainment"]),
             "goodput": float(s["goodput"])}

@@ -448,8 +448,16 @@ class Simulator:
     def _scaler_tick(self, sim: "Simulator", t: float) -> None:
         scaler = self.policy.scaler
         scaler.decide(self, t)
-        if (self._na < len(self.w) or self._iter) and self._n_done < len(self.w):
+        if self._ticks_go_on():
             self.add_timer(t + scaler.interval, self._scaler_tick)
+
+    def _ticks_go_on(self) -> bool:
+        """A scaler keeps ticking while a request has no outcome and something can still happen without it: an
+        arrival, an iteration in flight, or an event (a tool call's return, a KV transfer, a cold start). Work
+        that only waits (deferred requests or hand-offs with the cluster idle) stops the ticks: a scaler that
+        declined to add capacity for it would decline forever, and the run would not end."""
+        return self._n_done < len(self.w) and bool(self._na < len(self.w) or self._iter or self._glob
+                                                   or self._pk_t < INF)
 
     # ================================================================== arrivals and routing
     def _on_arrival(self, r: int, t: float) -> _Gen:

@@ -135,7 +135,7 @@ class _GeneratorTicks:
         out = scaler.decide(self, t)
         if out is not None:
             yield from out
-        if (self._na < len(self.w) or self._iter) and self._n_done < len(self.w):  # as the core's tick
+        if self._ticks_go_on():  # as the core's tick
             self.add_timer(t + scaler.interval, self._scaler_tick)
 
 
@@ -625,7 +625,8 @@ class ScalingEnv(ServingEnv):
             shape: dict[str, Any] = {"pd": self.pd if n_instances is None else (n_instances, n_instances)}
         else:
             shape = {"n_instances": self.n_instances if n_instances is None else n_instances}
-        sim = Simulator(w, self.engine, policy, seed=seed, attainment=self.attainment, **shape).run()
+        sim = Simulator(w, self.engine, policy, seed=seed, attainment=self.attainment, transfer=self.transfer,
+                        **shape).run()
         s = sim.result().summary
         gain, cost = episode_reward(sim, self.reward_name), float(s["cost_instance_seconds"])
         return {"reward": gain - self.lam * cost, "gain": gain, "instance_seconds": cost,
