@@ -191,17 +191,19 @@ class BatchBuilder:
 
 
 def unstick(inst: Instance, victim_key: Callable[[int], float]) -> Batch | None:
-    """Nothing fits but requests hold KV: preempt the running request with the largest key so that the
-    rest can progress (vLLM preempts the lowest-priority running request when an allocation fails). With none
-    running, waiting requests back from tool calls may hold all the KV the queue's head needs: the latest
-    arrived of them drops its KV (recomputed later; vLLM's prefix cache would evict those blocks), else the
-    instance idles."""
-    if inst.running:
-        return batch_of([], [], [max(inst.running, key=victim_key)])
-    if inst.n_waiting_kv:
+    """Nothing fits but requests hold KV. With several requests running, preempt the one with the largest key
+    so that the rest can progress (vLLM preempts the lowest-priority running request when an allocation fails).
+    With at most one running, waiting requests back from tool calls may hold the KV it (or the queue's head)
+    needs: the latest arrived of them drops its KV first (recomputed later; vLLM's prefix cache would evict
+    those blocks before preempting anyone). Preempting a lone running request instead would only restart it,
+    forever, under a scheduler that puts it back ahead of those holders (deadline orders do). Else the lone
+    running request is preempted, or the instance idles."""
+    if inst.n_waiting_kv and len(inst.running) <= 1:
         rs, arrival = inst.sim.rs, inst.sim.w.arrival
         holders = [r for r in inst.waiting if rs.kv_blocks[r] > 0]
         return batch_of([], [], [max(holders, key=lambda r: arrival[r])])
+    if inst.running:
+        return batch_of([], [], [max(inst.running, key=victim_key)])
     return None
 
 

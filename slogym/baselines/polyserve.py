@@ -838,8 +838,9 @@ class PolyScheduler(Scheduler):
             busy += fleet.chunk_attention(reqs, toks)
         fleet.formed(inst.id, now, busy, reqs, toks)
         if not reqs:
-            if not dec.size and not victims:
-                return unstick(inst, victim_key)
+            if not dec.size and not victims:  # the victim is the last prompt in the order chunks are given
+                order = self._deadline_order(inst, inst.running).tolist()  # (else it restarts ahead, forever)
+                return unstick(inst, {r: k for k, r in enumerate(order)}.__getitem__)
             # decodes alone repeat; fast-forwarding them skips the row refreshes, so only once nothing reads them
             steady = not (victims or pre.size or waiting) and fleet.settled()
             return decode_batch(dec, victims, steady=steady)

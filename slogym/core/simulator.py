@@ -51,6 +51,7 @@ _FF_MAX = 4096
 _PILOT_HEAD = 64  # waiting requests the pilot sees; it hands back to Python when it would need more
 _NONE = np.zeros(0, np.int64)
 _NO_PILOT = -1  # Simulator._pilot: the compiled pilot does not apply
+MAX_PREEMPTIONS = 10_000  # preemptions of one request that mean a livelock (raise, rather than hang)
 _PARK_CAP = 512  # resident requests (running + waiting) a parked instance's table rows hold
 _PILOT_REPLACES = ("on_kv_freed", "on_request_placed", "log_event", "_on_arrival", "_begin", "_route", "_place",
                    "_enqueue", "_dequeue", "_schedule", "_apply_side_actions", "_preempt", "_release", "_drop_kv",
@@ -1285,6 +1286,10 @@ class Simulator:
                                  f"{rs.kv_blocks[r]} KV blocks)")
         rs.recomputed[r] += rs.num_computed[r]
         rs.n_preempt[r] += 1
+        if rs.n_preempt[r] > MAX_PREEMPTIONS:  # a hang turned into an error that names the culprit
+            raise SchedulerError(f"instance {inst.id}: request {r} preempted {MAX_PREEMPTIONS} times "
+                                 f"({type(self.policy.scheduler).__name__}): the scheduler livelocks, restarting "
+                                 f"the same work forever (report it with the policy, workload and seed)")
         self.log_event(t, "preempt", r, inst.id, int(rs.num_computed[r]))
         if waiting_kv:
             self._drop_kv(inst, r)
