@@ -3,6 +3,8 @@ disaggregation with KV transfer, and scaling actions at random times (property t
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,6 +21,7 @@ from slogym.core.request import INF, Request, StageKind, Workload, decode, exter
 from slogym.core.simulator import Simulator
 from slogym.core.state import Outcome, Status
 from slogym.engines.registry import get_engine
+from slogym.workloads.scenarios import make_workload
 
 
 def _chat(n: int, gap: float = 0.01, p: int = 64, o: int = 40) -> Workload:
@@ -295,6 +298,18 @@ def test_preempted_request_does_not_starve_behind_waiting_kv_holders():
     sim = run_cluster(w, eng, "sarathi", (1, 1), 2, scale=True, cls=TracingSim)
     check_done(sim)
     assert int(sim.rs.n_preempt.sum()) > 0, "no preemption: the starvation path was not exercised"
+
+
+@pytest.mark.parametrize("policy", ["polyserve-pd-minimal", "polyserve-pd-random", "polyserve-pd"])
+def test_prefill_instance_resumes_a_half_prefilled_prompt_when_a_hand_off_frees_its_kv(policy: str) -> None:
+    """Regression: a PD prefill instance whose KV was full (its hand-offs staged there until the decode side
+    admits them) stopped with a half-prefilled prompt running and nothing waiting; the hand-offs' release only
+    woke instances with a queue, so the prompt was dropped as ``stalled`` at the end of the run."""
+    engine = dataclasses.replace(get_engine("llama3-8b-h100"), kv_capacity_tokens=12000)
+    w = make_workload("toolllm", rate=1.92, n_requests=80, seed=1, engine=engine)
+    sim = Simulator(w, engine, make_policy(policy, engine), 4, seed=1).run()
+    assert "stalled" not in sim.dropped_reasons, sim.dropped_reasons
+    check_done(sim)
 
 
 class OneAtATimeDecode(SingleOrRoundRobin):

@@ -1227,8 +1227,8 @@ class Simulator:
 
     def _unstage(self, r: int, dst: Instance, t: float) -> None:
         """``r`` left ``dst``'s queue (admitted, or done): its KV's blocks on the prefill instance are freed. A
-        prefill instance left idle with a queue is offered work again at ``t`` (a timer: callers are not
-        generators)."""
+        prefill instance left idle with work is offered it again at ``t`` (a timer: callers are not generators);
+        the work may be a running prompt half prefilled when its KV ran out, with nothing waiting."""
         i, blocks = self._staged.pop(r)
         src = self.instances[i]
         src.free_blocks += blocks
@@ -1236,7 +1236,7 @@ class Simulator:
         dst.n_staged -= 1
         self.on_kv_freed(r, src)
         self._check_drained(src, t)
-        if not src.busy and src.waiting:
+        if not src.busy and src.n_resident:
             self.add_timer(t, _no_op)
 
     # ================================================================== leaving an instance
